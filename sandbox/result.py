@@ -1,0 +1,59 @@
+"""The record one evaluation produces. Plain data: it crosses process and Ray boundaries."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+# Stages in protocol order; `stage` names the last one reached.
+STAGES = ("load", "compile", "correctness", "timing", "done")
+
+# Error kinds a result can carry (``error_kind``); None when the candidate passed.
+ERROR_KINDS = (
+    "load_error",        # the candidate source does not import / defines no ModelNew
+    "compile_error",     # the C++/CUDA/Triton build failed
+    "compile_timeout",
+    "runtime_error",     # ModelNew raised, or the process died (segfault, CUDA fault)
+    "timeout",           # correctness or timing ran past its wall limit
+    "memory_limit",      # killed by the memory limit
+    "wrong_output",      # shape/dtype/NaN/tolerance mismatch
+    "reference_error",   # the task's own reference failed: not the candidate's fault
+    "sandbox_error",     # the evaluator itself failed (worker lost twice, ...)
+)
+
+
+@dataclass
+class EvalResult:
+    """Verdict of one candidate against one reference."""
+
+    stage: str = "load"
+    compiled: bool = False
+    correct: bool = False
+    error_kind: str | None = None
+    error: str | None = None              # trimmed, human-readable
+    which_output: int | None = None       # index of the first wrong output
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    trials_passed: int = 0
+    trials: int = 0
+    ref_runtime_ms: float | None = None   # median over timing runs
+    new_runtime_ms: float | None = None
+    speedup: float | None = None          # ref_runtime_ms / new_runtime_ms; None when not timed
+    timed: bool = False                   # False e.g. for the Triton interpreter: no speedup credit
+    flags: list[str] = field(default_factory=list)   # e.g. "excessive_speedup"
+    wall_s: dict[str, float] = field(default_factory=dict)  # per stage: compile, correctness, timing, total
+    cache_hit: bool = False
+    backend: str = ""
+    device: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EvalResult":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    @classmethod
+    def failure(cls, kind: str, message: str, stage: str = "load", **kw: Any) -> "EvalResult":
+        return cls(stage=stage, error_kind=kind, error=message, **kw)

@@ -1,0 +1,41 @@
+import os
+import shutil
+
+import pytest
+
+# Tests never talk to W&B servers or model hubs.
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    cuda = _has_cuda()
+    try:
+        import vllm  # noqa: F401
+
+        has_vllm = cuda
+    except Exception:
+        has_vllm = False
+    for item in items:
+        if "gpu" in item.keywords and not cuda:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+        if "vllm" in item.keywords and not has_vllm:
+            item.add_marker(pytest.mark.skip(reason="needs vLLM and a CUDA GPU"))
+
+
+@pytest.fixture(scope="session")
+def kernel_cache_dir(tmp_path_factory):
+    """One compile cache for the whole session: CI has 2 cores, compiles are shared."""
+    d = tmp_path_factory.mktemp("kernel_cache")
+    yield str(d)
+    shutil.rmtree(d, ignore_errors=True)
