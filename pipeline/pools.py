@@ -1,0 +1,245 @@
+"""Static split of the Ray cluster into a sampler pool and a trainer pool (placement groups).
+
+Each pool is one placement group of identical bundles: one bundle per sampler worker (its GPUs
+for a tensor-parallel engine, or none on CPU) and one bundle per trainer rank (one GPU, or none
+for a CPU rank). Any N:M split works, on one node or many (``strategy``). On a machine with fewer
+GPUs than the two pools ask for together, both pools may share the same GPUs (``colocate``):
+each bundle then takes a fraction of a GPU and the engine/trainer cap their memory to it.
+
+``plan_pools`` is pure (cluster resources in, bundle lists out) so the placement arithmetic is
+testable without Ray; ``create_pools`` reserves the groups and waits for them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+
+@dataclass
+class SamplerResources:
+    gpus: int = MISSING              # sampler GPUs in total (0: CPU workers)
+    gpus_per_worker: int = MISSING   # tensor-parallel size of one engine
+    cpu_workers: int = MISSING       # number of workers when gpus == 0
+    cpus_per_worker: float = MISSING
+    gpu_memory_fraction: float = MISSING  # share of each GPU the engine may use when colocated
+
+
+@dataclass
+class TrainerResources:
+    gpus: int = MISSING              # trainer ranks on GPUs (0: CPU ranks)
+    cpu_ranks: int = MISSING         # data-parallel ranks when gpus == 0
+    cpus_per_rank: float = MISSING
+    gpu_memory_fraction: float = MISSING  # share of each GPU the trainer may use when colocated
+
+
+@dataclass
+class RayInit:
+    address: str | None = MISSING    # null: start a local cluster; "auto" or host:port: join one
+    num_cpus: int | None = MISSING   # local cluster only; null: what the machine has
+    num_gpus: int | None = MISSING   # local cluster only; null: what the machine has
+    # local cluster only: logical CPUs may exceed physical ones (the workers mostly wait)
+    cpu_oversubscribe: float = MISSING
+
+
+@dataclass
+class ResourcesConfig:
+    sampler: SamplerResources = field(default_factory=SamplerResources)
+    trainer: TrainerResources = field(default_factory=TrainerResources)
+    ray: RayInit = field(default_factory=RayInit)
+    strategy: str = MISSING          # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD (Ray placement)
+    colocate: str = MISSING          # auto | always | never: share GPUs between the pools
+    placement_timeout_s: float = MISSING
+
+
+STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+COLOCATE = ("auto", "always", "never")
+
+
+class PoolsDoNotFit(ValueError):
+    """The requested split does not fit the cluster; the message names the config keys."""
+
+
+@dataclass
+class PoolPlan:
+    """Bundles for each pool. ``colocated``: both pools share the same GPUs."""
+
+    sampler_bundles: list[dict[str, float]]
+    trainer_bundles: list[dict[str, float]]
+    colocated: bool
+    sampler_gpus_per_worker: float
+    trainer_gpu_per_rank: float
+
+    @property
+    def n_samplers(self) -> int:
+        return len(self.sampler_bundles)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.trainer_bundles)
+
+
+def plan_pools(cfg: ResourcesConfig, cluster: dict[str, float]) -> PoolPlan:
+    """Bundles per pool for ``cfg`` on a cluster with ``cluster`` resources (ray.cluster_resources())."""
+    s, t = cfg.sampler, cfg.trainer
+    if cfg.strategy not in STRATEGIES:
+        raise ValueError(f"resources.strategy={cfg.strategy!r}: expected one of {STRATEGIES}")
+    if cfg.colocate not in COLOCATE:
+        raise ValueError(f"resources.colocate={cfg.colocate!r}: expected one of {COLOCATE}")
+    for key, val in (("resources.sampler.gpus", s.gpus), ("resources.trainer.gpus", t.gpus)):
+        if val < 0:
+            raise ValueError(f"{key}={val}: expected >= 0")
+    if s.gpus > 0 and (s.gpus_per_worker < 1 or s.gpus % s.gpus_per_worker):
+        raise ValueError(
+            f"resources.sampler.gpus={s.gpus} must be a positive multiple of "
+            f"resources.sampler.gpus_per_worker={s.gpus_per_worker}")
+    if s.gpus == 0 and s.cpu_workers < 1:
+        raise ValueError(f"resources.sampler.cpu_workers={s.cpu_workers}: expected >= 1 when "
+                         "resources.sampler.gpus=0")
+    if t.gpus == 0 and t.cpu_ranks < 1:
+        raise ValueError(f"resources.trainer.cpu_ranks={t.cpu_ranks}: expected >= 1 when "
+                         "resources.trainer.gpus=0")
+
+    have_gpus = float(cluster.get("GPU", 0.0))
+    have_cpus = float(cluster.get("CPU", 0.0))
+    want_gpus = s.gpus + t.gpus
+    colocated = False
+    if want_gpus > have_gpus + 1e-9:
+        # auto shares only when both pools ask for exactly the GPUs there are (e.g. one GPU);
+        # "always" also shares a subset. Anything else is a mistake worth stopping for.
+        shareable = s.gpus > 0 and t.gpus > 0 and max(s.gpus, t.gpus) <= have_gpus
+        exact = s.gpus == t.gpus == int(have_gpus)
+        if shareable and (cfg.colocate == "always" or (cfg.colocate == "auto" and exact)):
+            colocated = True
+        else:
+            hint = (f" (resources.colocate={cfg.colocate} shares GPUs only when "
+                    "sampler.gpus = trainer.gpus = the cluster's GPUs; 'always' shares a subset)"
+                    if cfg.colocate == "auto" and shareable else
+                    " (resources.colocate=never forbids sharing GPUs between the pools)"
+                    if cfg.colocate == "never" and shareable else "")
+            raise PoolsDoNotFit(
+                f"resources.sampler.gpus={s.gpus} + resources.trainer.gpus={t.gpus} = {want_gpus} "
+                f"GPUs requested, but the Ray cluster has {have_gpus:g}{hint}. Lower them, or give "
+                "resources.ray.address of a larger cluster.")
+    elif cfg.colocate == "always" and s.gpus > 0 and t.gpus > 0:
+        colocated = True
+
+    if colocated:
+        fs, ft = s.gpu_memory_fraction, t.gpu_memory_fraction
+        if fs <= 0 or ft <= 0 or fs + ft > 1.0 + 1e-9:
+            raise PoolsDoNotFit(
+                f"the pools share GPUs, so resources.sampler.gpu_memory_fraction={fs} + "
+                f"resources.trainer.gpu_memory_fraction={ft} must be in (0, 1]")
+        # Ray accepts fractional GPUs only below 1 per bundle: a tensor-parallel engine on shared
+        # GPUs would need several fractional bundles; one GPU per sampler worker is what fits.
+        if s.gpus_per_worker != 1:
+            raise PoolsDoNotFit(
+                f"shared GPUs need resources.sampler.gpus_per_worker=1 (got {s.gpus_per_worker})")
+        sampler_bundle = {"GPU": fs, "CPU": s.cpus_per_worker}
+        trainer_bundle = {"GPU": ft, "CPU": t.cpus_per_rank}
+        n_samplers, ranks = s.gpus, t.gpus
+        s_gpw, t_gpr = fs, ft
+    else:
+        if s.gpus > 0:
+            n_samplers = s.gpus // s.gpus_per_worker
+            sampler_bundle = {"GPU": float(s.gpus_per_worker), "CPU": s.cpus_per_worker}
+            s_gpw = float(s.gpus_per_worker)
+        else:
+            n_samplers, sampler_bundle, s_gpw = s.cpu_workers, {"CPU": s.cpus_per_worker}, 0.0
+        if t.gpus > 0:
+            ranks, trainer_bundle, t_gpr = t.gpus, {"GPU": 1.0, "CPU": t.cpus_per_rank}, 1.0
+        else:
+            ranks, trainer_bundle, t_gpr = t.cpu_ranks, {"CPU": t.cpus_per_rank}, 0.0
+
+    want_cpus = n_samplers * sampler_bundle["CPU"] + ranks * trainer_bundle["CPU"]
+    if want_cpus > have_cpus + 1e-9:
+        raise PoolsDoNotFit(
+            f"{n_samplers} sampler workers x resources.sampler.cpus_per_worker="
+            f"{s.cpus_per_worker} + {ranks} trainer ranks x resources.trainer.cpus_per_rank="
+            f"{t.cpus_per_rank} = {want_cpus:g} CPUs requested, but the Ray cluster has "
+            f"{have_cpus:g} (resources.ray.cpu_oversubscribe raises a local cluster's count)")
+    return PoolPlan(
+        sampler_bundles=[dict(sampler_bundle) for _ in range(n_samplers)],
+        trainer_bundles=[dict(trainer_bundle) for _ in range(ranks)],
+        colocated=colocated, sampler_gpus_per_worker=s_gpw, trainer_gpu_per_rank=t_gpr)
+
+
+@dataclass
+class Pool:
+    """One reserved placement group; ``actor_options(i)`` places an actor on bundle i."""
+
+    name: str
+    bundles: list[dict[str, float]]
+    placement_group: Any
+
+    def __len__(self) -> int:
+        return len(self.bundles)
+
+    def actor_options(self, i: int) -> dict[str, Any]:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        b = self.bundles[i]
+        return dict(
+            num_cpus=b.get("CPU", 0.0), num_gpus=b.get("GPU", 0.0),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=self.placement_group, placement_group_bundle_index=i,
+                placement_group_capture_child_tasks=True))
+
+
+@dataclass
+class Pools:
+    plan: PoolPlan
+    sampler: Pool
+    trainer: Pool
+
+    def remove(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for pool in (self.sampler, self.trainer):
+            try:
+                remove_placement_group(pool.placement_group)
+            except Exception:  # already gone with the cluster
+                pass
+
+
+def create_pools(cfg: ResourcesConfig) -> Pools:
+    """Reserve both pools on the running Ray cluster, or fail naming the keys."""
+    import ray
+    from ray.util.placement_group import placement_group
+
+    plan = plan_pools(cfg, ray.cluster_resources())
+    groups = {}
+    for name, bundles in (("sampler", plan.sampler_bundles), ("trainer", plan.trainer_bundles)):
+        pg = placement_group(bundles, strategy=cfg.strategy, name=f"{name}_pool")
+        groups[name] = Pool(name, bundles, pg)
+    for pool in groups.values():
+        ready, _ = ray.wait([pool.placement_group.ready()], timeout=cfg.placement_timeout_s)
+        if not ready:
+            raise PoolsDoNotFit(
+                f"the {pool.name} pool ({len(pool.bundles)} x {pool.bundles[0]}) was not placed "
+                f"within resources.placement_timeout_s={cfg.placement_timeout_s}: the cluster's "
+                f"free resources are {ray.available_resources()}; with resources.strategy="
+                f"{cfg.strategy} the bundles may not fit per node")
+    return Pools(plan, groups["sampler"], groups["trainer"])
+
+
+def init_ray(cfg: ResourcesConfig, runtime_env: dict[str, Any] | None = None) -> None:
+    """Start (or join) Ray as the config says; a local cluster may oversubscribe CPUs."""
+    import os
+
+    import ray
+
+    if ray.is_initialized():
+        return
+    if cfg.ray.address:
+        ray.init(address=cfg.ray.address, runtime_env=runtime_env, log_to_driver=True)
+        return
+    cpus = cfg.ray.num_cpus
+    if cpus is None:
+        cpus = max(1, math.ceil((os.cpu_count() or 1) * cfg.ray.cpu_oversubscribe))
+    kw: dict[str, Any] = dict(num_cpus=cpus, include_dashboard=False, runtime_env=runtime_env)
+    if cfg.ray.num_gpus is not None:
+        kw["num_gpus"] = cfg.ray.num_gpus
+    ray.init(**kw)
