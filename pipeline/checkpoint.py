@@ -1,0 +1,100 @@
+"""Checkpoints: ``<run_dir>/<checkpoint.dir>/step_<N>/`` holding ``model/`` (HF format, written
+by the trainer through save_pretrained), ``optimizer.pt`` (full optimizer + scheduler state) and
+``loop.pt`` (step, data cursor, RNG states, and, in one_off mode, the batch already generated for
+the next step, so that resuming neither loses nor repeats a sample).
+
+Written into a hidden temporary directory, then renamed: a crash mid-write leaves no checkpoint
+that ``latest`` would pick up.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import MISSING
+
+_NAME = re.compile(r"^step_(\d+)$")
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = MISSING        # save every k training steps (0: only at the end)
+    keep_last: int = MISSING    # how many to keep (0: all)
+    dir: str = MISSING          # under the run dir
+    at_end: bool = MISSING      # also save after the last step
+
+
+def rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        m = _NAME.match(p.name)
+        if m and (p / "loop.pt").exists():
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def latest(root: str | Path) -> Path | None:
+    found = list_checkpoints(root)
+    return found[-1][1] if found else None
+
+
+def save(root: str | Path, step: int, trainer: Any, loop_state: dict[str, Any], keep_last: int) -> Path:
+    """``trainer.save(dir)`` writes model/ and optimizer.pt; loop.pt last, then the rename."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step:06d}"
+    tmp = root / f".tmp_step_{step:06d}_{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    trainer.save(str(tmp))
+    with open(tmp / "loop.pt", "wb") as f:
+        pickle.dump({"step": step, "rng": rng_state(), **loop_state}, f)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    if keep_last > 0:
+        for _, old in list_checkpoints(root)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_loop_state(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not (path / "loop.pt").exists():
+        raise FileNotFoundError(f"resume={path}: not a checkpoint directory (expected "
+                                f"{path}/loop.pt, model/ and optimizer.pt)")
+    with open(path / "loop.pt", "rb") as f:
+        return pickle.load(f)
+
+
+def resolve_resume(resume: str, root: str | Path) -> Path | None:
+    """``resume``: never | auto (the latest under root, if any) | a checkpoint directory."""
+    if resume in ("never", "", None):
+        return None
+    if resume == "auto":
+        return latest(root)
+    path = Path(resume)
+    load_loop_state(path)  # fails naming the path when it is not a checkpoint
+    return path

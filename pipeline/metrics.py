@@ -1,0 +1,160 @@
+"""Per-step metrics from samples (score/*, hack/*, sandbox/*), and where they go: the console,
+``metrics.jsonl`` in the run dir (every scalar, one line per step) and W&B (online when
+WANDB_API_KEY is set, offline otherwise; ``logger=console`` turns it off)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING
+
+from pipeline.sample import Sample
+
+BACKENDS = ("console", "jsonl", "wandb")
+
+
+@dataclass
+class LoggerConfig:
+    backends: list[str] = field(default_factory=lambda: MISSING)  # console | jsonl | wandb
+    project: str = MISSING
+    entity: str | None = MISSING
+    group: str | None = MISSING
+    tags: list[str] = field(default_factory=lambda: MISSING)
+    mode: str = MISSING              # auto (online with WANDB_API_KEY, else offline) | online | offline
+    table_every: int = MISSING       # episode table every k steps (0: never)
+    table_rows: int = MISSING
+    timeline_every: int = MISSING    # timeline image every k steps (0: only at the end)
+    console_keys: list[str] = field(default_factory=lambda: MISSING)
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def score_metrics(samples: list[Sample]) -> dict[str, float]:
+    """score/* from each sample's TurnOutcome fields, hack/<rule> shares, error share."""
+    n = len(samples)
+    if n == 0:
+        return {}
+    o = [s.outcome or {} for s in samples]
+    out = {f"score/{k}": _mean([float(bool(d.get(k))) for d in o])
+           for k in ("parse_ok", "compiled", "correct")}
+    speedups = [float(d["speedup"]) for d in o if d.get("correct") and d.get("speedup") is not None
+                and math.isfinite(float(d["speedup"]))]
+    out["score/speedup_mean"] = _mean(speedups)
+    out["score/fast_1"] = sum(1 for x in speedups if x > 1.0) / n
+    out["score/mean"] = _mean([s.score for s in samples])
+    out["score/max"] = max(s.score for s in samples)
+    out["sample/error_frac"] = sum(1 for s in samples if s.error) / n
+    hacks: dict[str, int] = {}
+    for d in o:
+        for h in d.get("hacks") or []:
+            hacks[h] = hacks.get(h, 0) + 1
+    out.update({f"hack/{h}": c / n for h, c in sorted(hacks.items())})
+    kinds: dict[str, int] = {}
+    for d in o:
+        if d.get("error_kind"):
+            kinds[d["error_kind"]] = kinds.get(d["error_kind"], 0) + 1
+    out.update({f"error/{k}": c / n for k, c in sorted(kinds.items())})
+    return out
+
+
+def sandbox_metrics(samples: list[Sample], wall_s: float) -> dict[str, float]:
+    """sandbox/* from the evaluator records the outcomes carry (absent for the toy env)."""
+    verdicts = [(s.outcome or {}).get("verdict") or {} for s in samples]
+    verdicts = [v for v in verdicts if v]
+    if not verdicts:
+        return {}
+    compile_s = [v["wall_s"]["compile"] for v in verdicts if "compile" in (v.get("wall_s") or {})]
+    out = {"sandbox/evals_per_min": len(verdicts) / (wall_s / 60.0) if wall_s > 0 else 0.0,
+           "sandbox/cache_hit_rate": _mean([float(bool(v.get("cache_hit"))) for v in verdicts])}
+    if compile_s:
+        out["sandbox/compile_s_p50"] = statistics.median(compile_s)
+    return out
+
+
+def episode_rows(samples: list[Sample], k: int, tail_chars: int = 400) -> list[list[Any]]:
+    """A few episodes for the W&B table: one trajectory's turns per task, best-scored first."""
+    rows = []
+    for s in sorted(samples, key=lambda s: (-s.score, s.uid))[:k]:
+        verdict = (s.outcome or {}).get("error_kind") or ("correct" if (s.outcome or {}).get("correct") else "")
+        rows.append([s.step, s.task_id, s.traj, s.turn, s.response_text[-tail_chars:], verdict,
+                     float(s.score)])
+    return rows
+
+
+EPISODE_COLUMNS = ["step", "task", "traj", "turn", "response_tail", "verdict", "score"]
+
+
+class MetricsLogger:
+    def __init__(self, cfg: LoggerConfig, run_dir: str | Path, run_name: str,
+                 resolved_config: dict[str, Any], resume: bool = False) -> None:
+        unknown = [b for b in cfg.backends if b not in BACKENDS]
+        if unknown:
+            raise ValueError(f"logger.backends has {unknown}: expected a subset of {BACKENDS}")
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl = None
+        if "jsonl" in cfg.backends:
+            self.jsonl = open(self.run_dir / "metrics.jsonl", "a" if resume else "w")
+        self.wandb = None
+        if "wandb" in cfg.backends:
+            import wandb
+
+            mode = cfg.mode
+            if mode == "auto":
+                mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+            run_id_file = self.run_dir / "wandb_run_id"
+            run_id = run_id_file.read_text().strip() if resume and run_id_file.exists() else None
+            self.wandb = wandb.init(
+                project=cfg.project, entity=cfg.entity, group=cfg.group, tags=list(cfg.tags),
+                name=run_name, dir=str(self.run_dir), config=resolved_config, mode=mode,
+                id=run_id, resume="allow" if run_id else None, reinit="finish_previous")
+            run_id_file.write_text(self.wandb.id)
+        with open(self.run_dir / "config.json", "w") as f:
+            json.dump(resolved_config, f, indent=1, default=str)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+        if self.jsonl is not None:
+            self.jsonl.write(json.dumps({"step": step, **scalars}) + "\n")
+            self.jsonl.flush()
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=step)
+        if "console" in self.cfg.backends:
+            keys = [k for k in self.cfg.console_keys if k in scalars]
+            line = "  ".join(f"{k.split('/')[-1]}={scalars[k]:.4g}" for k in keys)
+            print(f"[step {step}] {line}", file=sys.stderr, flush=True)
+
+    def log_table(self, step: int, samples: list[Sample]) -> None:
+        if self.cfg.table_every <= 0 or step % self.cfg.table_every:
+            return
+        rows = episode_rows(samples, self.cfg.table_rows)
+        with open(self.run_dir / "episodes.jsonl", "a") as f:
+            for r in rows:
+                f.write(json.dumps(dict(zip(EPISODE_COLUMNS, r))) + "\n")
+        if self.wandb is not None:
+            import wandb
+
+            self.wandb.log({"episodes": wandb.Table(columns=EPISODE_COLUMNS, data=rows)}, step=step)
+
+    def log_image(self, step: int, key: str, path: Path) -> None:
+        if self.wandb is not None:
+            import wandb
+
+            self.wandb.log({key: wandb.Image(str(path))}, step=step)
+
+    def close(self) -> None:
+        if self.jsonl is not None:
+            self.jsonl.close()
+            self.jsonl = None
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None

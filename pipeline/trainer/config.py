@@ -1,0 +1,31 @@
+"""Trainer schema (values in conf/trainer/*.yaml). RL hyper-parameters (clip, grad clip,
+mini-batches, token budget) live in the algorithm group; this is the optimiser and the runtime."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omegaconf import MISSING
+
+
+@dataclass
+class OptimConfig:
+    lr: float = MISSING
+    betas: list[float] = field(default_factory=lambda: MISSING)
+    weight_decay: float = MISSING
+    eps: float = MISSING
+    warmup_ratio: float = MISSING   # share of all optimiser steps spent warming up (Kevin: 0.03)
+
+
+@dataclass
+class TrainerConfig:
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    param_dtype: str = MISSING      # auto | bfloat16 | float32: compute dtype (auto: bf16 on GPU, fp32 on CPU)
+    reduce_dtype: str = MISSING     # gradient reduction dtype
+    gradient_checkpointing: bool = MISSING
+    attn_implementation: str = MISSING  # auto | sdpa | eager | flash_attention_2
+    reshard_after_forward: bool = MISSING
+    backend: str = MISSING          # auto | gloo | nccl (auto: nccl on GPU, gloo on CPU)
+    weight_bucket_mb: int = MISSING # weight export bucket size (object store / broadcast)
+    export_dtype: str = MISSING     # auto | bfloat16 | float32: dtype of weights pushed to samplers
+    seed: int = MISSING
+    init_timeout_s: float = MISSING # process-group rendezvous timeout

@@ -1,0 +1,88 @@
+"""Driver-side handle on the trainer ranks: spawns one :class:`TrainerWorker` actor per bundle of
+the trainer pool, rendezvous through rank 0's address, turns a list of samples into a
+``TrainBatch``, plans the split, and runs the step on all ranks at once."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from pipeline.trainer.plan import StepPlan, plan_step
+from pipeline.trainer.worker import BATCH_KEYS, TrainerWorker
+
+
+class TrainerGroup:
+    def __init__(self, pool: Any, model_cfg: Any, trainer_cfg: Any, algo_cfg: Any,
+                 max_response_length: int, temperature: float, total_optim_steps: int,
+                 gpu_memory_fraction: float | None = None, resume_dir: str | None = None,
+                 env_vars: dict[str, str] | None = None) -> None:
+        import ray
+
+        self.algo = algo_cfg
+        self.max_response_length = max_response_length
+        self.world_size = len(pool)
+        actor_cls = ray.remote(TrainerWorker)
+        self.workers = []
+        for rank in range(self.world_size):
+            opts = pool.actor_options(rank)
+            if env_vars:
+                opts["runtime_env"] = {"env_vars": env_vars}
+            self.workers.append(actor_cls.options(**opts).remote(
+                rank, self.world_size, model_cfg, trainer_cfg, algo_cfg, max_response_length,
+                temperature, total_optim_steps, gpu_memory_fraction))
+        addr, port = ray.get(self.workers[0].address.remote())
+        self.info = ray.get([w.init.remote(addr, port, resume_dir) for w in self.workers])[0]
+
+    def _call(self, method: str, *args: Any) -> list[Any]:
+        import ray
+
+        return ray.get([getattr(w, method).remote(*args) for w in self.workers])
+
+    def train(self, batch: Any, loss_scale_factor: int | None = None) -> dict[str, float]:
+        """One RL step on a ``TrainBatch``: ``ppo_mini_batches`` optimiser steps."""
+        import ray
+
+        t0 = time.perf_counter()
+        lengths = batch.attention_mask.sum(1).tolist()
+        loss_tokens = batch.response_mask.sum(1).tolist()
+        plan: StepPlan = plan_step([int(x) for x in lengths], [int(x) for x in loss_tokens],
+                                   self.world_size, self.algo.ppo_mini_batches,
+                                   self.algo.micro_batch_tokens)
+        refs = []
+        for w, rp in zip(self.workers, plan.ranks):
+            idx = torch.tensor(rp.rows, dtype=torch.long)
+            shard = {k: getattr(batch, k)[idx] for k in BATCH_KEYS}
+            refs.append(w.train_step.remote(shard, rp, plan.global_seqs, plan.global_tokens,
+                                            loss_scale_factor))
+        per_rank = ray.get(refs)
+        out = dict(per_rank[0])
+        wall = time.perf_counter() - t0
+        out["perf/train_tokens_per_s"] = out["actor/tokens"] / wall if wall > 0 else 0.0
+        out["actor/samples"] = float(len(lengths))
+        out["actor/mini_batches"] = float(len(plan.global_seqs))
+        out["actor/micro_batches"] = float(sum(len(m) for m in plan.ranks[0].mini_batches))
+        return out
+
+    def export_to_object_store(self) -> list[Any]:
+        """Every rank joins the gather; rank 0's bucket refs come back."""
+        return self._call("export_to_object_store")[0]
+
+    def run_all(self, fn_name: str, *args: Any) -> list[Any]:
+        return self._call("run", fn_name, *args)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return self._call("full_state_dict")[0]
+
+    def save(self, directory: str) -> None:
+        self._call("save", directory)
+
+    def shutdown(self) -> None:
+        import ray
+
+        try:
+            self._call("shutdown")
+        except Exception:
+            pass
+        for w in self.workers:
+            ray.kill(w)

@@ -1,0 +1,329 @@
+"""One FSDP2 data-parallel rank (run as a Ray actor by :class:`~pipeline.trainer.group.TrainerGroup`).
+
+Holds an HF causal LM sharded with ``torch.distributed.fsdp.fully_shard`` (per decoder layer,
+then the root), AdamW and a constant-after-warm-up LR schedule. ``train_step`` receives this
+rank's rows and the driver's :class:`~pipeline.trainer.plan.RankPlan`; it recomputes the old
+log-probs (unless ``off_policy_correction=bypass``), then runs one optimiser step per mini-batch
+with gradient accumulation over the planned micro-batches.
+
+Row layout (``pipeline.algorithms.TrainBatch``): ``input_ids [B, P+R]`` with the prompt
+left-padded into the first P columns and the response right-padded into the last R, so the
+logits predicting the response are the last R+1 positions (``logits_to_keep``).
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipeline.trainer.plan import RankPlan, micro_weight
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+BATCH_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask", "advantages",
+              "sampler_log_probs")
+
+
+def _dtype(name: str, on_gpu: bool) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if on_gpu else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"trainer dtype {name!r}: expected auto or one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class TrainerWorker:
+    def __init__(self, rank: int, world_size: int, model_cfg: Any, trainer_cfg: Any,
+                 algo_cfg: Any, max_response_length: int, temperature: float,
+                 total_optim_steps: int, gpu_memory_fraction: float | None = None) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.model_cfg, self.cfg, self.algo = model_cfg, trainer_cfg, algo_cfg
+        self.max_response_length = max_response_length
+        self.temperature = temperature
+        self.total_optim_steps = max(1, total_optim_steps)
+        self.on_gpu = torch.cuda.is_available()
+        self.device = torch.device("cuda", 0) if self.on_gpu else torch.device("cpu")
+        if self.on_gpu and gpu_memory_fraction:
+            torch.cuda.set_per_process_memory_fraction(gpu_memory_fraction, 0)
+        self.optim_steps = 0
+        self._exported: list[Any] = []  # object refs of the last export, kept alive for samplers
+
+    # ---- setup -------------------------------------------------------------------------
+    def address(self) -> tuple[str, int]:
+        import ray
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def init(self, master_addr: str, master_port: int, resume_dir: str | None = None) -> dict:
+        backend = self.cfg.backend
+        if backend == "auto":
+            backend = "nccl" if self.on_gpu else "gloo"
+        if self.on_gpu:
+            torch.cuda.set_device(self.device)
+        dist.init_process_group(
+            backend, init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank,
+            world_size=self.world_size, timeout=timedelta(seconds=self.cfg.init_timeout_s))
+        torch.manual_seed(self.cfg.seed)
+        self._build_model(resume_dir)
+        self._build_optimizer()
+        if resume_dir:
+            self._load_optimizer(resume_dir)
+        return {"backend": backend, "device": str(self.device),
+                "params": sum(p.numel() for p in self.model.parameters())}
+
+    def _build_model(self, resume_dir: str | None) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        from pipeline.models import load_model_and_tokenizer
+
+        model_cfg = self.model_cfg
+        if resume_dir:  # the checkpoint's HF weights replace the base model's
+            model_cfg = _with_path(model_cfg, os.path.join(resume_dir, "model"))
+        model, self.tokenizer = load_model_and_tokenizer(model_cfg)
+        model = model.to(torch.float32)  # fp32 master weights; compute dtype via the policy
+        attn = self.cfg.attn_implementation
+        if attn == "auto":
+            attn = "flash_attention_2" if self.on_gpu and _has_flash_attn() else "sdpa"
+        model.config._attn_implementation = attn
+        if self.cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        policy = MixedPrecisionPolicy(param_dtype=_dtype(self.cfg.param_dtype, self.on_gpu),
+                                      reduce_dtype=_dtype(self.cfg.reduce_dtype, self.on_gpu))
+        for layer in _decoder_layers(model):
+            fully_shard(layer, mesh=mesh, mp_policy=policy,
+                        reshard_after_forward=self.cfg.reshard_after_forward)
+        fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=self.cfg.reshard_after_forward)
+        model.to(self.device)
+        model.train()
+        self.model = model
+
+    def _build_optimizer(self) -> None:
+        from transformers import get_constant_schedule_with_warmup
+
+        o = self.cfg.optim
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=tuple(o.betas),
+                                           eps=o.eps, weight_decay=o.weight_decay)
+        warmup = max(1, math.ceil(o.warmup_ratio * self.total_optim_steps)) if o.warmup_ratio > 0 else 0
+        self.scheduler = get_constant_schedule_with_warmup(self.optimizer, num_warmup_steps=warmup)
+
+    # ---- forward -----------------------------------------------------------------------
+    def _trim(self, rows: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
+        """Drop columns that are padding in every row of the micro-batch."""
+        attn = rows["attention_mask"]
+        R = rows["response_mask"].shape[1]
+        P = attn.shape[1] - R
+        has_tok = attn.bool().any(0)
+        left = int(torch.nonzero(has_tok[:P])[0]) if has_tok[:P].any() else P
+        resp_cols = torch.nonzero(has_tok[P:])
+        r_keep = max(1, int(resp_cols[-1]) + 1 if len(resp_cols) else 1)
+        out = {}
+        for k, v in rows.items():
+            out[k] = v[:, left:P + r_keep] if v.shape[1] == P + R else v[:, :r_keep]
+        return out, r_keep
+
+    def _log_probs(self, mb: dict[str, torch.Tensor], with_entropy: bool):
+        from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+
+        mb, R = self._trim(mb)
+        ids = mb["input_ids"].to(self.device)
+        out = self.model(input_ids=ids, attention_mask=mb["attention_mask"].to(self.device),
+                         position_ids=mb["position_ids"].to(self.device), use_cache=False,
+                         logits_to_keep=R + 1)
+        # the sampler's log-probs are of logits / temperature; the ratio must compare like with like
+        logits = out.logits[:, :-1, :].float() / self.temperature
+        logp = logprobs_from_logits(logits, ids[:, -R:])
+        ent = entropy_from_logits(logits) if with_entropy else None
+        return mb, logp, ent
+
+    # ---- one training step -------------------------------------------------------------
+    def train_step(self, shard: dict[str, torch.Tensor], plan: RankPlan, global_seqs: list[int],
+                   global_tokens: list[int], loss_scale_factor: int | None = None) -> dict[str, float]:
+        """``loss_scale_factor``: Dr. GRPO's constant (the step's max response length)."""
+        from pipeline.algorithms import policy_loss, tis_weights
+
+        t0 = time.perf_counter()
+        filler = torch.tensor(plan.filler, dtype=torch.bool)
+        shard = dict(shard)
+        shard["response_mask"] = shard["response_mask"] * (~filler).unsqueeze(1).to(shard["response_mask"].dtype)
+        mode = self.algo.off_policy_correction
+        R = shard["response_mask"].shape[1]
+        # old log-probs of the current weights, once, before any update of this step
+        if mode == "bypass":
+            old = shard["sampler_log_probs"].float()
+        else:
+            old = torch.zeros(shard["input_ids"].shape[0], R)
+            with torch.no_grad():
+                for mini in plan.mini_batches:
+                    for pos in mini:
+                        idx = torch.tensor(pos)
+                        mb, logp, _ = self._log_probs({k: shard[k][idx] for k in BATCH_KEYS}, False)
+                        old[idx, :logp.shape[1]] = logp.float().cpu()
+        sums: dict[str, float] = {}
+        grad_norms: list[float] = []
+        tokens = 0
+        for m, mini in enumerate(plan.mini_batches):
+            for pos in mini:
+                idx = torch.tensor(pos)
+                mb, logp, ent = self._log_probs({k: shard[k][idx] for k in BATCH_KEYS}, True)
+                r = logp.shape[1]
+                mask = mb["response_mask"].to(self.device).float()
+                seqs, toks = int((mask.sum(1) > 0).sum()), int(mask.sum())
+                tokens += int(mb["attention_mask"].sum())
+                if seqs == 0:  # filler: keep the collectives in step, contribute nothing
+                    (logp.sum() * 0.0).backward()
+                    continue
+                old_mb = old[idx, :r].to(self.device)
+                is_w = None
+                if mode == "tis":
+                    is_w = tis_weights(old_mb, mb["sampler_log_probs"][:, :r].to(self.device).float(),
+                                       self.algo.tis_cap, mask)
+                loss, metrics = policy_loss(old_mb, logp, mb["advantages"].to(self.device).float(),
+                                            mask, self.algo, loss_scale_factor or self.max_response_length,
+                                            rollout_is_weights=is_w, entropy=ent)
+                w = micro_weight(self.algo.loss_agg_mode, seqs, toks, global_seqs[m], global_tokens[m])
+                # FSDP averages gradients over ranks: scale by world size to get the sum
+                (loss * (w * self.world_size)).backward()
+                for k, v in {"actor/loss": loss, **metrics}.items():
+                    sums[k] = sums.get(k, 0.0) + float(v) * w / len(plan.mini_batches)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.algo.grad_clip)
+            if hasattr(grad_norm, "full_tensor"):
+                grad_norm = grad_norm.full_tensor()
+            grad_norms.append(float(grad_norm))
+            if math.isfinite(grad_norms[-1]):
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scheduler.step()
+            self.optim_steps += 1
+        # the per-rank weighted shares add up to the global means
+        keys = sorted(sums)
+        vec = torch.tensor([sums[k] for k in keys] + [float(tokens)], dtype=torch.float64)
+        if self.world_size > 1:
+            dev_vec = vec.to(self.device)
+            dist.all_reduce(dev_vec)
+            vec = dev_vec.cpu()
+        out = {k: float(vec[i]) for i, k in enumerate(keys)}
+        out["actor/grad_norm"] = sum(grad_norms) / len(grad_norms)
+        out["actor/grad_norm_max"] = max(grad_norms)
+        out["actor/lr"] = float(self.scheduler.get_last_lr()[0])
+        out["actor/optim_steps"] = float(self.optim_steps)
+        out["actor/tokens"] = float(vec[-1])
+        out["actor/rank_time_s"] = time.perf_counter() - t0
+        return out
+
+    # ---- weights out -------------------------------------------------------------------
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """All ranks must call (a collective); rank 0 gets the full HF-named state dict on CPU."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return sd if self.rank == 0 else None
+
+    def export_dtype(self) -> torch.dtype:
+        return _dtype(self.cfg.export_dtype, self.on_gpu)
+
+    def buckets(self, sd: dict[str, torch.Tensor]) -> list[list[tuple[str, torch.Tensor]]]:
+        """Named tensors in buckets of about ``weight_bucket_mb``, in the export dtype."""
+        limit = self.cfg.weight_bucket_mb * 2**20
+        dtype = self.export_dtype()
+        out: list[list[tuple[str, torch.Tensor]]] = [[]]
+        size = 0
+        for name, t in sd.items():
+            t = t.to(dtype) if t.is_floating_point() else t
+            nbytes = t.numel() * t.element_size()
+            if out[-1] and size + nbytes > limit:
+                out.append([])
+                size = 0
+            out[-1].append((name, t))
+            size += nbytes
+        return out
+
+    def export_to_object_store(self) -> list[Any] | None:
+        """Rank 0: one object-store ref per bucket (the refs stay alive until the next export)."""
+        import ray
+
+        sd = self.full_state_dict()
+        if sd is None:
+            return None
+        self._exported = [ray.put(b) for b in self.buckets(sd)]
+        return self._exported
+
+    def run(self, fn_name: str, *args: Any, **kw: Any) -> Any:
+        """Call a weight-sync method by name (``pipeline.weight_sync`` adds GPU transports)."""
+        from pipeline import weight_sync
+
+        return getattr(weight_sync, fn_name)(self, *args, **kw)
+
+    # ---- checkpoints -------------------------------------------------------------------
+    def save(self, directory: str) -> None:
+        """Model in HF format (save_pretrained) + optimizer/scheduler; rank 0 writes."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        sd = self.full_state_dict()
+        osd = get_optimizer_state_dict(self.model, self.optimizer,
+                                       options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank == 0:
+            self.model.save_pretrained(os.path.join(directory, "model"), state_dict=sd,
+                                       safe_serialization=True)
+            self.tokenizer.save_pretrained(os.path.join(directory, "model"))
+            torch.save({"optimizer": osd, "scheduler": self.scheduler.state_dict(),
+                        "optim_steps": self.optim_steps}, os.path.join(directory, "optimizer.pt"))
+        if self.world_size > 1:
+            dist.barrier()
+
+    def _load_optimizer(self, directory: str) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        state = torch.load(os.path.join(directory, "optimizer.pt"), weights_only=False, map_location="cpu")
+        set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state["optimizer"],
+                                 options=StateDictOptions(full_state_dict=True))
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.optim_steps = state["optim_steps"]
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks FSDP wraps one by one (HF models name them via _no_split_modules)."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"model {type(model).__name__} declares no _no_split_modules: cannot "
+                         "tell its decoder layers apart for FSDP wrapping")
+    return layers
+
+
+def _has_flash_attn() -> bool:
+    try:
+        import flash_attn  # noqa: F401
+        return True
+    except Exception:
+        return False
+
+
+def _with_path(model_cfg: Any, path: str) -> Any:
+    """A copy of the model config pointing at ``path`` (the checkpoint's HF directory)."""
+    import copy
+    import dataclasses
+
+    if dataclasses.is_dataclass(model_cfg):
+        return dataclasses.replace(model_cfg, path=path)
+    cfg = copy.deepcopy(model_cfg)
+    cfg.path = path
+    return cfg
