@@ -53,11 +53,11 @@ def test_split_that_does_not_fit_names_the_keys(overrides, cluster, names):
         assert name in str(err.value)
 
 
-def test_placement_groups_on_logical_gpus():
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=4, num_gpus=3, include_dashboard=False)
+def test_placement_groups_on_logical_gpus(ray_local):
+    ray = ray_local
+    if ray.cluster_resources().get("GPU", 0) < 3:
+        pytest.skip("the running Ray cluster has fewer than 3 (logical) GPUs")
+    pools = None
     try:
         pools = create_pools(resources(**{"sampler.gpus": 1, "trainer.gpus": 2}))
         assert len(pools.sampler) == 1 and len(pools.trainer) == 2
@@ -71,8 +71,9 @@ def test_placement_groups_on_logical_gpus():
         # three bundles, three distinct logical GPUs: the pools do not overlap
         assert len({i for t in ids for i in t}) == 3
         pools.remove()
+        pools = None
         with pytest.raises(PoolsDoNotFit, match="resources.trainer.gpus=3"):
             create_pools(resources(**{"sampler.gpus": 1, "trainer.gpus": 3, "colocate": "never"}))
     finally:
-        if started:
-            ray.shutdown()
+        if pools is not None:
+            pools.remove()
