@@ -1,0 +1,45 @@
+"""Generation engines behind one protocol (``base.Engine``): transformers (``hf``) and vLLM."""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+from pipeline.engines.base import Engine, EngineAsleep, Generation, SamplingParams
+from pipeline.engines.config import ENGINE_TYPES, EngineConfig, HFEngineConfig, VLLMEngineConfig
+
+__all__ = ["ENGINE_TYPES", "Engine", "EngineAsleep", "EngineConfig", "Generation", "HFEngineConfig",
+           "SamplingParams", "VLLMEngineConfig", "make_engine"]
+
+
+def make_engine(cfg: Any, model: Any, tokenizer: Any) -> Engine:
+    """An engine from ``rollout.engine``.
+
+    ``model``: a loaded HF model (``hf``; for ``vllm`` it is saved to a temporary HF directory
+    first, which is what the tiny model needs) or a checkpoint directory path (``vllm``; ``hf``
+    loads it).
+    """
+    kind = cfg.type
+    if kind not in ENGINE_TYPES:
+        raise ValueError(f"rollout.engine.type={kind!r}: expected one of {ENGINE_TYPES}")
+    if kind == "hf":
+        from pipeline.engines.hf import HFEngine
+
+        if isinstance(model, (str, os.PathLike)):
+            from transformers import AutoModelForCausalLM
+
+            from pipeline.models.load import check_checkpoint_dir
+
+            check_checkpoint_dir(str(model))
+            model = AutoModelForCausalLM.from_pretrained(str(model), local_files_only=True)
+        h = cfg.hf
+        return HFEngine(model, tokenizer, max_inflight=cfg.max_inflight,
+                        max_batch_size=h.max_batch_size, batch_wait_s=h.batch_wait_s, device=h.device)
+    from pipeline.engines.vllm import VLLMEngine
+
+    if not isinstance(model, (str, os.PathLike)):
+        path = tempfile.mkdtemp(prefix="vllm_model_")
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        model = path
+    return VLLMEngine(str(model), tokenizer, cfg.vllm, max_inflight=cfg.max_inflight)

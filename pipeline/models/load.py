@@ -1,0 +1,82 @@
+"""Load the policy and its tokenizer from a ``ModelConfig``: a local HF directory or ``tiny``.
+
+Never downloads (``local_files_only=True``): a missing or malformed path fails with a message
+that names it and says what a checkpoint directory must contain.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json")
+
+
+def load_model_config(name: str = "tiny", overrides: list[str] | None = None) -> Any:
+    """``conf/model/<name>.yaml`` merged onto the schema (for code outside the Hydra entry point)."""
+    from omegaconf import OmegaConf
+
+    from pipeline.models.config import ModelConfig
+
+    cfg = OmegaConf.merge(OmegaConf.structured(ModelConfig),
+                          OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml"))
+    if overrides:
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
+    return cfg
+
+
+def check_checkpoint_dir(path: str) -> None:
+    """Raise ``FileNotFoundError`` naming ``model.path`` unless it looks like an HF checkpoint."""
+    expected = ("a local Hugging Face checkpoint directory with config.json, the weights "
+                f"({' or '.join(_WEIGHT_FILES[::2])}) and the tokenizer files; or model.path=tiny")
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model.path={path!r} is not a directory: expected {expected}")
+    missing = [] if os.path.isfile(os.path.join(path, "config.json")) else ["config.json"]
+    if not any(os.path.isfile(os.path.join(path, f)) for f in _WEIGHT_FILES):
+        missing.append("weights")
+    if missing:
+        raise FileNotFoundError(f"model.path={path!r} has no {' and no '.join(missing)}: "
+                                f"expected {expected}")
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    if name not in DTYPES:
+        raise ValueError(f"model.dtype={name!r}: expected one of {DTYPES}")
+    return "auto" if name == "auto" else getattr(torch, name)
+
+
+def load_model_and_tokenizer(model_cfg: Any) -> tuple[Any, Any]:
+    """(model in eval mode on CPU, tokenizer with a chat template and a pad token)."""
+    dtype = _torch_dtype(model_cfg.dtype)
+    if model_cfg.path == "tiny":
+        from pipeline.models.tiny import build_tiny
+
+        model, tokenizer = build_tiny(model_cfg.tiny)
+        if dtype != "auto":
+            model = model.to(dtype)
+        return model, tokenizer
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = os.path.expanduser(str(model_cfg.path))
+    check_checkpoint_dir(path)
+    trust = bool(model_cfg.trust_remote_code)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust)
+    except Exception as e:
+        raise ValueError(f"model.path={path!r}: the tokenizer does not load ({type(e).__name__}: "
+                         f"{e}); expected tokenizer.json or tokenizer_config.json there") from e
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(f"model.path={path!r}: the tokenizer has no chat template; episodes need "
+                         "one (a chat/instruct checkpoint, or chat_template in tokenizer_config.json)")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token  # batching needs a pad id; it is always masked
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype,
+                                                 trust_remote_code=trust)
+    model.eval()
+    return model, tokenizer

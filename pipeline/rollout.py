@@ -1,0 +1,238 @@
+"""The multi-turn episode driver: every trajectory is its own coroutine; every turn is a Sample.
+
+For each task, ``n_trajectories`` x ``turns``: messages = ``env.messages(task, history)`` ->
+chat template -> ``engine.generate`` -> ``await env.evaluate(task, text)`` -> history gets
+``Turn(summary, answer, feedback)`` (the reasoning is dropped) -> next turn. While one
+trajectory waits for its evaluation, all others keep generating; each scored turn is handed to
+``on_sample`` at once (streaming rewards).
+
+Failures never stop a batch: a failed or timed-out generation or evaluation becomes a score-0
+Sample with ``error`` set and ends that trajectory. A prompt longer than ``max_prompt_length``
+loses its oldest turns first; if the task prompt alone is too long the trajectory ends, counted in
+``BatchStats.ended_prompt_too_long`` (no sample: nothing was generated).
+
+API::
+
+    batch = await run_episodes(engine, tokenizer, env, tasks, step, version, cfg, on_sample=cb)
+    batch.samples, batch.stats.metrics()
+    async for sample in stream_episodes(engine, tokenizer, env, tasks, step, version, cfg): ...
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from pipeline.engines.base import Engine, Generation, SamplingParams
+from pipeline.rollout_config import RolloutConfig, response_length_at
+from pipeline.sample import Sample
+from rewards.interface import RewardEnv, TaskRef, Turn, TurnOutcome
+
+OnSample = Callable[[Sample], "Awaitable[None] | None"]
+
+
+@dataclass
+class BatchStats:
+    step: int = 0
+    n_tasks: int = 0
+    n_trajectories: int = 0
+    n_samples: int = 0
+    n_errors: int = 0                    # samples with ``error`` set
+    n_truncated: int = 0                 # responses cut at the length limit
+    ended_prompt_too_long: int = 0       # trajectories ended before a turn: task prompt too long
+    history_turns_dropped: int = 0       # old turns left out of prompts to fit max_prompt_length
+    response_tokens: int = 0
+    t_start: float = 0.0
+    t_last_gen_end: float = 0.0          # last generated token of the batch
+    t_first_score: float = 0.0
+    t_last_score: float = 0.0
+    latencies_s: list[float] = field(default_factory=list)   # per sample: gen start -> score
+    failures: list[str] = field(default_factory=list)        # trajectory-level errors (first 20)
+
+    @property
+    def gen_s(self) -> float:
+        return max(0.0, self.t_last_gen_end - self.t_start) if self.t_last_gen_end else 0.0
+
+    @property
+    def reward_tail_s(self) -> float:
+        """Last generated token of the batch -> its last score."""
+        return max(0.0, self.t_last_score - self.t_last_gen_end) if self.t_last_score else 0.0
+
+    def metrics(self) -> dict[str, float]:
+        lat = self.latencies_s or [0.0]
+        return {
+            "timing/gen": self.gen_s,
+            "timing/reward_tail": self.reward_tail_s,
+            "rollout/samples": float(self.n_samples),
+            "rollout/errors": float(self.n_errors),
+            "rollout/prompt_too_long": float(self.ended_prompt_too_long),
+            "rollout/history_turns_dropped": float(self.history_turns_dropped),
+            "rollout/latency_p50_s": statistics.median(lat),
+            "rollout/latency_max_s": max(lat),
+            "response/truncated_frac": self.n_truncated / self.n_samples if self.n_samples else 0.0,
+            "response/length_mean": self.response_tokens / self.n_samples if self.n_samples else 0.0,
+            "perf/gen_tokens_per_s": self.response_tokens / self.gen_s if self.gen_s else 0.0,
+        }
+
+    def merge(self, other: "BatchStats") -> "BatchStats":
+        """Stats of two disjoint parts of one batch (e.g. two sampler workers)."""
+        if not self.t_start:
+            return dataclasses.replace(other, latencies_s=list(other.latencies_s),
+                                       failures=list(other.failures))
+        out = dataclasses.replace(self, latencies_s=self.latencies_s + other.latencies_s,
+                                  failures=(self.failures + other.failures)[:20])
+        for name in ("n_tasks", "n_trajectories", "n_samples", "n_errors", "n_truncated",
+                     "ended_prompt_too_long", "history_turns_dropped", "response_tokens"):
+            setattr(out, name, getattr(self, name) + getattr(other, name))
+        out.t_start = min(self.t_start, other.t_start)
+        out.t_last_gen_end = max(self.t_last_gen_end, other.t_last_gen_end)
+        out.t_last_score = max(self.t_last_score, other.t_last_score)
+        firsts = [t for t in (self.t_first_score, other.t_first_score) if t]
+        out.t_first_score = min(firsts) if firsts else 0.0
+        return out
+
+
+@dataclass
+class EpisodeBatch:
+    samples: list[Sample]
+    stats: BatchStats
+
+
+def build_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def fit_prompt(tokenizer: Any, env: RewardEnv, task: TaskRef, history: list[Turn],
+               max_len: int) -> tuple[list[int] | None, int]:
+    """(prompt ids, turns dropped): the oldest turns go first; None if even no history is too long."""
+    for dropped in range(len(history) + 1):
+        ids = build_prompt(tokenizer, env.messages(task, history[dropped:]))
+        if len(ids) <= max_len:
+            return ids, dropped
+    return None, len(history)
+
+
+class _Episodes:
+    def __init__(self, engine: Engine, tokenizer: Any, env: RewardEnv, step: int, version: int,
+                 cfg: RolloutConfig, on_sample: OnSample | None, stats: BatchStats) -> None:
+        self.engine, self.tokenizer, self.env = engine, tokenizer, env
+        self.step, self.version, self.cfg, self.on_sample = step, version, cfg, on_sample
+        self.stats = stats
+        self.samples: list[Sample] = []
+        self.params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                                     max_tokens=response_length_at(cfg, step))
+
+    async def trajectory(self, task: TaskRef, traj: int) -> None:
+        history: list[Turn] = []
+        try:
+            for turn in range(self.cfg.turns):
+                prompt_ids, dropped = fit_prompt(self.tokenizer, self.env, task, history,
+                                                 self.cfg.max_prompt_length)
+                if prompt_ids is None:
+                    self.stats.ended_prompt_too_long += 1
+                    return
+                self.stats.history_turns_dropped += dropped
+                sample = await self.turn(task, traj, turn, prompt_ids, dropped)
+                if sample is None:
+                    return
+                history.append(Turn(summary=sample.outcome.get("summary", ""),
+                                    answer=sample.outcome.get("answer", ""),
+                                    feedback=sample.outcome.get("feedback", "")))
+        except Exception as e:  # an environment bug ends this trajectory, not the batch
+            if len(self.stats.failures) < 20:
+                self.stats.failures.append(f"{task.task_id}/{traj}: {type(e).__name__}: {e}")
+
+    async def turn(self, task: TaskRef, traj: int, turn: int, prompt_ids: list[int],
+                   dropped: int) -> Sample | None:
+        """One generation + evaluation; returns the Sample, or None when the trajectory ends."""
+        t_gen_start = time.time()
+        try:
+            gen = await asyncio.wait_for(self.engine.generate(prompt_ids, self.params),
+                                         self.cfg.gen_timeout_s)
+        except asyncio.TimeoutError:
+            gen = Generation.failed(f"generation timed out after {self.cfg.gen_timeout_s}s")
+        except Exception as e:
+            gen = Generation.failed(f"generation failed: {type(e).__name__}: {e}")
+        t_gen_end = time.time()
+        self.stats.t_last_gen_end = max(self.stats.t_last_gen_end, t_gen_end)
+        text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True) if gen.token_ids else ""
+        error = gen.error if gen.finish_reason == "error" else None
+        outcome: TurnOutcome | None = None
+        if error is None:
+            try:
+                outcome = await asyncio.wait_for(self.env.evaluate(task, text), self.cfg.eval_timeout_s)
+            except asyncio.TimeoutError:
+                error = f"evaluation timed out after {self.cfg.eval_timeout_s}s"
+            except Exception as e:
+                error = f"evaluation failed: {type(e).__name__}: {e}"
+        sample = Sample(
+            uid=f"{self.step}/{task.task_id}/{traj}/{turn}", step=self.step, task_id=task.task_id,
+            traj=traj, turn=turn, prompt_ids=prompt_ids, response_ids=list(gen.token_ids),
+            logprobs=list(gen.logprobs), finish_reason=gen.finish_reason,
+            score=float(outcome.score) if outcome is not None else 0.0,
+            policy_version=gen.version if gen.version >= 0 else self.version,
+            response_text=text,
+            outcome=dataclasses.asdict(outcome) if outcome is not None else {"error_kind": "pipeline_error"},
+            error=error, t_gen_start=t_gen_start, t_gen_end=t_gen_end, t_eval_end=time.time())
+        sample.outcome["history_dropped"] = dropped
+        await self.deliver(sample)
+        return sample if error is None else None
+
+    async def deliver(self, sample: Sample) -> None:
+        s = self.stats
+        s.n_samples += 1
+        s.n_errors += sample.error is not None
+        s.n_truncated += sample.truncated
+        s.response_tokens += len(sample.response_ids)
+        s.t_first_score = s.t_first_score or sample.t_eval_end
+        s.t_last_score = max(s.t_last_score, sample.t_eval_end)
+        s.latencies_s.append(sample.t_eval_end - sample.t_gen_start)
+        self.samples.append(sample)
+        if self.on_sample is not None:
+            result = self.on_sample(sample)
+            if inspect.isawaitable(result):
+                await result  # a bounded consumer makes this trajectory wait: backpressure
+
+
+async def run_episodes(engine: Engine, tokenizer: Any, env: RewardEnv, tasks: list[TaskRef],
+                       step: int, version: int, cfg: RolloutConfig,
+                       on_sample: OnSample | None = None,
+                       stats: BatchStats | None = None) -> EpisodeBatch:
+    """Run one batch: ``cfg.n_trajectories`` trajectories of ``cfg.turns`` turns per task."""
+    stats = stats if stats is not None else BatchStats()
+    stats.step, stats.t_start = step, time.time()
+    stats.n_tasks, stats.n_trajectories = len(tasks), len(tasks) * cfg.n_trajectories
+    episodes = _Episodes(engine, tokenizer, env, step, version, cfg, on_sample, stats)
+    await asyncio.gather(*[episodes.trajectory(task, traj)
+                           for task in tasks for traj in range(cfg.n_trajectories)])
+    return EpisodeBatch(episodes.samples, stats)
+
+
+async def stream_episodes(engine: Engine, tokenizer: Any, env: RewardEnv, tasks: list[TaskRef],
+                          step: int, version: int, cfg: RolloutConfig,
+                          stats: BatchStats | None = None,
+                          buffer: int | None = None) -> AsyncIterator[Sample]:
+    """Samples as they are scored; at most ``buffer`` (default ``cfg.stream_buffer``) wait unread."""
+    queue: asyncio.Queue = asyncio.Queue(maxsize=cfg.stream_buffer if buffer is None else buffer)
+    done = object()
+
+    async def produce() -> None:
+        try:
+            await run_episodes(engine, tokenizer, env, tasks, step, version, cfg,
+                               on_sample=queue.put, stats=stats)
+        finally:
+            await queue.put(done)
+
+    producer = asyncio.get_running_loop().create_task(produce())
+    try:
+        while (item := await queue.get()) is not done:
+            yield item
+        await producer  # re-raise what stopped the producer, if anything
+    finally:
+        if not producer.done():
+            producer.cancel()
