@@ -1,0 +1,26 @@
+"""Leaky ReLU with a configurable negative slope."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+BATCH = 8192
+DIM = 4096
+# Small sizes for CPU runs (the loader substitutes them for profile 'cpu').
+CPU_SIZES = {"BATCH": 32, "DIM": 64}
+
+
+class Model(nn.Module):
+    def __init__(self, negative_slope: float):
+        super().__init__()
+        self.negative_slope = negative_slope
+
+    def forward(self, x):
+        return F.leaky_relu(x, negative_slope=self.negative_slope)
+
+
+def get_inputs():
+    return [torch.randn(BATCH, DIM)]
+
+
+def get_init_inputs():
+    return [0.01]

@@ -1,0 +1,25 @@
+"""Hard-swish activation: x * relu6(x + 3) / 6."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+BATCH = 8192
+DIM = 4096
+# Small sizes for CPU runs (the loader substitutes them for profile 'cpu').
+CPU_SIZES = {"BATCH": 32, "DIM": 64}
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return F.hardswish(x)
+
+
+def get_inputs():
+    return [3 * torch.randn(BATCH, DIM)]
+
+
+def get_init_inputs():
+    return []

@@ -1,0 +1,28 @@
+"""2-D 3x3 convolution, stride 1, padding 1, with bias."""
+import torch
+import torch.nn as nn
+
+BATCH = 16
+IN_CH = 64
+OUT_CH = 128
+H = 128
+W = 128
+# Small sizes for CPU runs (the loader substitutes them for profile 'cpu').
+CPU_SIZES = {"BATCH": 2, "IN_CH": 3, "OUT_CH": 8, "H": 16, "W": 16}
+
+
+class Model(nn.Module):
+    def __init__(self, in_ch: int, out_ch: int):
+        super().__init__()
+        self.conv = nn.Conv2d(in_ch, out_ch, kernel_size=3, padding=1)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+def get_inputs():
+    return [torch.randn(BATCH, IN_CH, H, W)]
+
+
+def get_init_inputs():
+    return [IN_CH, OUT_CH]

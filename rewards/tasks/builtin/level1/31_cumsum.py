@@ -1,0 +1,24 @@
+"""Inclusive prefix sum along the rows."""
+import torch
+import torch.nn as nn
+
+BATCH = 1024
+LENGTH = 16384
+# Small sizes for CPU runs (the loader substitutes them for profile 'cpu').
+CPU_SIZES = {"BATCH": 8, "LENGTH": 64}
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.cumsum(x, dim=1)
+
+
+def get_inputs():
+    return [torch.randn(BATCH, LENGTH)]
+
+
+def get_init_inputs():
+    return []
