@@ -61,13 +61,29 @@ def load_model_and_tokenizer(model_cfg: Any) -> tuple[Any, Any]:
             model = model.to(dtype)
         return model, tokenizer
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    path = os.path.expanduser(str(model_cfg.path))
+    tokenizer = load_tokenizer(model_cfg)
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype,
+                                                 trust_remote_code=bool(model_cfg.trust_remote_code))
+    model.eval()
+    return model, tokenizer
+
+
+def load_tokenizer(model_cfg: Any) -> Any:
+    """The tokenizer alone (a vLLM sampler loads the weights itself)."""
+    if model_cfg.path == "tiny":
+        from pipeline.models.tiny import build_tiny_tokenizer
+
+        return build_tiny_tokenizer(model_cfg.tiny.vocab_size)
+    from transformers import AutoTokenizer
 
     path = os.path.expanduser(str(model_cfg.path))
     check_checkpoint_dir(path)
-    trust = bool(model_cfg.trust_remote_code)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True,
+                                                  trust_remote_code=bool(model_cfg.trust_remote_code))
     except Exception as e:
         raise ValueError(f"model.path={path!r}: the tokenizer does not load ({type(e).__name__}: "
                          f"{e}); expected tokenizer.json or tokenizer_config.json there") from e
@@ -76,7 +92,4 @@ def load_model_and_tokenizer(model_cfg: Any) -> tuple[Any, Any]:
                          "one (a chat/instruct checkpoint, or chat_template in tokenizer_config.json)")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token  # batching needs a pad id; it is always masked
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype,
-                                                 trust_remote_code=trust)
-    model.eval()
-    return model, tokenizer
+    return tokenizer

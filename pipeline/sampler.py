@@ -1,0 +1,242 @@
+"""Sampler workers (Ray async actors) and the pool that splits a batch across them.
+
+``SamplerWorker(model_cfg, rollout_cfg, env_spec, worker_index=0, gpu_memory_fraction=None)``
+holds one engine and one RewardEnv, both built inside the actor. ``env_spec`` is a mapping with
+``_target_`` (Hydra ``instantiate``: e.g. ``{"_target_": "rewards.toy.ToyEnv", "delay_s": 0.1}``
+or ``rewards.env.KernelEnv``'s config), a ``"module:Class"`` / ``"module.Class"`` string, or a
+picklable zero-argument callable. Actor methods:
+
+* ``generate(step, tasks, version)``: a streaming generator: every ``Sample`` as soon as it is
+  scored, then one final :class:`~pipeline.rollout.BatchStats`. Backpressure: the caller
+  holds at most ``rollout.stream_buffer`` unread samples, then the worker's trajectories wait.
+* ``update_weights(payload, version)``: any payload of :mod:`pipeline.weight_sync` (object-store
+  buckets, CUDA IPC handles, broadcast layout) or ``(name, tensor)`` pairs / a state dict; in
+  place, between batches of the engine. ``join_weight_group(...)`` comes from the mixin.
+* ``tasks(split)``, ``stats()``, ``sleep()``, ``wake()``, ``ping()``, ``aclose()``.
+
+``SamplerPool(model_cfg, rollout_cfg, env_spec, pool=None, n_workers=1, ...)`` spawns one worker
+per bundle of ``pool`` (a :class:`pipeline.pools.Pool`, i.e. anything with ``len`` and
+``actor_options(i)``) or ``n_workers`` plain actors; ``actor_options`` (one dict, or one per
+worker) adds or overrides Ray options such as ``scheduling_strategy``. Then::
+
+    async for sample in pool.generate(step, tasks, version): ...   # merged streams
+    pool.last_stats                                                # BatchStats of that batch
+    await pool.update_weights(payload, version)                    # every worker
+    await pool.sleep(); await pool.wake(); await pool.stats(); pool.workers; pool.shutdown()
+
+Tasks are dealt whole (all trajectories of a task on one worker, so prefix caching sees them),
+round-robin in the given order.
+"""
+from __future__ import annotations
+
+import asyncio
+import copy
+import importlib
+import os
+from collections.abc import Mapping
+from typing import Any, AsyncIterator, Callable
+
+from pipeline.rollout import BatchStats, stream_episodes
+from pipeline.sample import Sample
+from pipeline.weight_sync import WeightReceiverMixin
+from rewards.interface import RewardEnv, TaskRef
+
+
+def build_env(spec: Any) -> RewardEnv:
+    """A RewardEnv from a ``_target_`` mapping, an import string, or a factory callable."""
+    if isinstance(spec, str):
+        module, _, name = spec.partition(":") if ":" in spec else spec.rpartition(".")
+        try:
+            factory = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"env={spec!r}: expected an importable 'module:Class' ({e})") from e
+        return factory()
+    if callable(spec):
+        return spec()
+    if isinstance(spec, Mapping) or hasattr(spec, "_target_") or _is_dictconfig(spec):
+        from hydra.utils import instantiate
+
+        if "_target_" not in spec:
+            raise ValueError(f"env config {dict(spec)!r} has no _target_ (e.g. rewards.toy.ToyEnv)")
+        return instantiate(spec, _convert_="all")
+    raise ValueError(f"env={spec!r}: expected a mapping with _target_, an import string or a callable")
+
+
+def _is_dictconfig(x: Any) -> bool:
+    from omegaconf import DictConfig
+
+    return isinstance(x, DictConfig)
+
+
+def _with_memory_fraction(rollout_cfg: Any, fraction: float | None) -> Any:
+    if fraction is None or rollout_cfg.engine.type != "vllm":
+        return rollout_cfg
+    cfg = copy.deepcopy(rollout_cfg)
+    cfg.engine.vllm.gpu_memory_utilization = float(fraction)
+    return cfg
+
+
+class SamplerWorker(WeightReceiverMixin):
+    """One engine + one environment; meant to run as a Ray async actor (``ray.remote(SamplerWorker)``)."""
+
+    def __init__(self, model_cfg: Any, rollout_cfg: Any, env_spec: Any, worker_index: int = 0,
+                 gpu_memory_fraction: float | None = None) -> None:
+        from pipeline.engines import make_engine
+        from pipeline.models.load import load_model_and_tokenizer, load_tokenizer
+
+        self.index = worker_index
+        self.cfg = _with_memory_fraction(rollout_cfg, gpu_memory_fraction)
+        if self.cfg.engine.type == "vllm" and model_cfg.path != "tiny":
+            source, self.tokenizer = str(model_cfg.path), load_tokenizer(model_cfg)  # vLLM loads weights
+        else:
+            source, self.tokenizer = load_model_and_tokenizer(model_cfg)
+        self.engine = make_engine(self.cfg.engine, source, self.tokenizer)
+        self.env = build_env(env_spec)
+        self.last_stats = BatchStats()
+        self.batches = 0
+
+    async def generate(self, step: int, tasks: list[TaskRef], version: int) -> AsyncIterator[Any]:
+        stats = BatchStats()
+        async for sample in stream_episodes(self.engine, self.tokenizer, self.env, tasks, step,
+                                            version, self.cfg, stats=stats):
+            yield sample
+        self.last_stats, self.batches = stats, self.batches + 1
+        yield stats
+
+    async def update_weights(self, payload: Any, version: int) -> int:
+        # the engine copies under its batch lock: run it off the event loop so streams keep flowing
+        await asyncio.to_thread(self.engine.load_weights, self.weights_of(payload), version)
+        return self.engine.version
+
+    def tasks(self, split: str) -> list[TaskRef]:
+        return self.env.tasks(split)
+
+    def stats(self) -> dict[str, float]:
+        out = {f"engine/{k}": float(v) for k, v in self.engine.stats().items()}
+        out.update({f"last_batch/{k}": v for k, v in self.last_stats.metrics().items()})
+        out["batches"] = float(self.batches)
+        return out
+
+    async def sleep(self) -> None:
+        await asyncio.to_thread(self.engine.sleep)
+
+    async def wake(self) -> None:
+        await asyncio.to_thread(self.engine.wake)
+
+    def ping(self) -> dict[str, Any]:
+        return {"index": self.index, "pid": os.getpid(), "version": self.engine.version,
+                "engine": type(self.engine).__name__}
+
+    async def aclose(self) -> None:
+        await self.engine.aclose()
+        await self.env.aclose()
+
+
+class SamplerPool:
+    """k sampler workers behind one ``generate`` stream (see the module docstring)."""
+
+    def __init__(self, model_cfg: Any, rollout_cfg: Any, env_spec: Any, pool: Any = None,
+                 n_workers: int = 1, num_cpus: float = 1.0, num_gpus: float = 0.0,
+                 gpu_memory_fraction: float | None = None, env_vars: dict[str, str] | None = None,
+                 actor_options: dict[str, Any] | list[dict[str, Any]] | None = None) -> None:
+        import ray
+
+        n = len(pool) if pool is not None else n_workers
+        if n < 1:
+            raise ValueError(f"SamplerPool needs at least one worker (got {n})")
+        extra = actor_options if isinstance(actor_options, list) else [actor_options or {}] * n
+        if len(extra) != n:
+            raise ValueError(f"actor_options has {len(extra)} entries for {n} sampler workers")
+        actor_cls = ray.remote(SamplerWorker)
+        self.cfg = rollout_cfg
+        self.workers: list[Any] = []
+        for i in range(n):
+            opts = pool.actor_options(i) if pool is not None else {"num_cpus": num_cpus,
+                                                                    "num_gpus": num_gpus}
+            if env_vars:
+                opts["runtime_env"] = {"env_vars": dict(env_vars)}
+            opts.update(extra[i])
+            self.workers.append(actor_cls.options(**opts).remote(
+                model_cfg, rollout_cfg, env_spec, i, gpu_memory_fraction))
+        self.info = ray.get([w.ping.remote() for w in self.workers])  # surfaces build errors now
+        self.last_stats = BatchStats()
+
+    def split(self, tasks: list[TaskRef]) -> list[list[TaskRef]]:
+        parts: list[list[TaskRef]] = [[] for _ in self.workers]
+        for i, task in enumerate(tasks):
+            parts[i % len(parts)].append(task)
+        return parts
+
+    async def generate(self, step: int, tasks: list[TaskRef], version: int) -> AsyncIterator[Sample]:
+        queue: asyncio.Queue = asyncio.Queue(maxsize=max(1, int(self.cfg.stream_buffer)))
+        stats: list[BatchStats] = []
+        done = object()
+
+        async def drain(i: int, worker: Any, part: list[TaskRef]) -> None:
+            try:
+                stream = worker.generate.options(
+                    _generator_backpressure_num_objects=max(1, int(self.cfg.stream_buffer))
+                ).remote(step, part, version)
+                async for ref in stream:
+                    item = await ref
+                    if isinstance(item, BatchStats):
+                        stats.append(item)
+                    else:
+                        await queue.put(item)
+            except Exception as e:
+                await queue.put(RuntimeError(f"sampler worker {i} failed during step {step}: "
+                                             f"{type(e).__name__}: {e}"))
+            finally:
+                await queue.put(done)
+
+        parts = [(i, w, p) for i, (w, p) in enumerate(zip(self.workers, self.split(tasks))) if p]
+        drains = [asyncio.get_running_loop().create_task(drain(*x)) for x in parts]
+        try:
+            open_streams = len(drains)
+            while open_streams:
+                item = await queue.get()
+                if item is done:
+                    open_streams -= 1
+                elif isinstance(item, Exception):
+                    raise item
+                else:
+                    yield item
+        finally:
+            for d in drains:
+                d.cancel()
+        merged = BatchStats()
+        for s in stats:
+            merged = merged.merge(s)
+        self.last_stats = merged
+
+    async def _all(self, method: str, *args: Any) -> list[Any]:
+        return list(await asyncio.gather(*[getattr(w, method).remote(*args) for w in self.workers]))
+
+    async def update_weights(self, payload: Any, version: int) -> list[int]:
+        return await self._all("update_weights", payload, version)
+
+    async def stats(self) -> list[dict[str, float]]:
+        return await self._all("stats")
+
+    async def sleep(self) -> None:
+        await self._all("sleep")
+
+    async def wake(self) -> None:
+        await self._all("wake")
+
+    async def ping(self) -> list[dict[str, Any]]:
+        return await self._all("ping")
+
+    async def tasks(self, split: str) -> list[TaskRef]:
+        return await self.workers[0].tasks.remote(split)
+
+    def shutdown(self) -> None:
+        import ray
+
+        for w in self.workers:
+            try:
+                ray.get(w.aclose.remote(), timeout=30)
+            except Exception:
+                pass  # a dead worker has nothing left to close
+            ray.kill(w)
+        self.workers = []
