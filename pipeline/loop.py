@@ -62,6 +62,7 @@ class Generated:
     t_start: float
     t_end: float
     last_token: float                # last generated token of the batch
+    rollout: dict[str, float] = field(default_factory=dict)  # the sampler pool's batch stats
 
     @property
     def wall(self) -> float:
@@ -87,6 +88,7 @@ class LoopParts:
     logger: Any                      # MetricsLogger
     run_dir: Path
     checkpoint_cfg: Any
+    decode: Callable[[list[int]], str] = lambda ids: ""   # token ids -> text (episode table)
     timeline: Timeline = field(default_factory=Timeline)
 
 
@@ -119,7 +121,10 @@ class Loop:
         self.p.timeline.add("sampler", "gen", step, first, last_token)
         self.p.timeline.add_rewards(step, [(s.t_gen_end, s.t_eval_end) for s in samples
                                            if s.t_gen_end and s.t_eval_end])
-        return Generated(step, version, samples, t0, t1, last_token)
+        stats = getattr(self.p.samplers, "last_stats", None)
+        extra = {k: v for k, v in stats.metrics().items() if k.startswith(("rollout/", "perf/"))} \
+            if stats is not None and hasattr(stats, "metrics") else {}
+        return Generated(step, version, samples, t0, t1, last_token, extra)
 
     async def train(self, gen: Generated, trainer_version: int) -> tuple[dict[str, float], float]:
         t0 = time.time()
@@ -195,7 +200,7 @@ class Loop:
     # ---- bookkeeping -----------------------------------------------------------------
     def _step_metrics(self, trained: Generated, gen: Generated | None, t_train: float,
                       t_sync: float, t_total: float) -> dict[str, float]:
-        m: dict[str, float] = {}
+        m: dict[str, float] = dict(trained.rollout)
         m.update(self.p.rollout_metrics(trained.samples))
         m.update(score_metrics(trained.samples))
         m.update(sandbox_metrics(trained.samples, trained.wall))
@@ -218,7 +223,7 @@ class Loop:
     def _log(self, step: int, metrics: dict[str, float], samples: list[Sample]) -> None:
         self.history.append({"step": step, **metrics})
         self.p.logger.log(step, metrics)
-        self.p.logger.log_table(step, samples)
+        self.p.logger.log_table(step, samples, self.p.decode)
         if self.timeline_every > 0 and (step + 1) % self.timeline_every == 0:
             self._draw(step)
 

@@ -79,22 +79,34 @@ def sandbox_metrics(samples: list[Sample], wall_s: float) -> dict[str, float]:
     return out
 
 
-def episode_rows(samples: list[Sample], k: int, tail_chars: int = 400) -> list[list[Any]]:
-    """A few episodes for the W&B table: one trajectory's turns per task, best-scored first."""
+def episode_rows(samples: list[Sample], k: int, decode: Any = None,
+                 tail_chars: int = 400) -> list[list[Any]]:
+    """A few episodes for the table: the best-scored samples, then the worst ones."""
+    ranked = sorted(samples, key=lambda s: (-s.score, s.uid))
+    picked = ranked[:(k + 1) // 2] + [s for s in ranked[::-1][:k // 2] if s not in ranked[:(k + 1) // 2]]
     rows = []
-    for s in sorted(samples, key=lambda s: (-s.score, s.uid))[:k]:
-        verdict = (s.outcome or {}).get("error_kind") or ("correct" if (s.outcome or {}).get("correct") else "")
-        rows.append([s.step, s.task_id, s.traj, s.turn, s.response_text[-tail_chars:], verdict,
-                     float(s.score)])
+    for s in picked:
+        o = s.outcome or {}
+        verdict = "correct" if o.get("correct") else (o.get("error_kind") or s.error or "")
+        prompt = decode(s.prompt_ids)[-tail_chars:] if decode is not None else ""
+        rows.append([s.step, s.task_id, s.traj, s.turn, prompt, s.response_text[-tail_chars:],
+                     str(verdict), float(s.score)])
     return rows
 
 
-EPISODE_COLUMNS = ["step", "task", "traj", "turn", "response_tail", "verdict", "score"]
+EPISODE_COLUMNS = ["step", "task", "traj", "turn", "prompt_tail", "response_tail", "verdict", "score"]
+
+
+def _lines_before(path: Path, step: int) -> list[str]:
+    if not path.exists():
+        return []
+    return [line for line in path.read_text().splitlines(keepends=True)
+            if line.strip() and json.loads(line).get("step", -1) < step]
 
 
 class MetricsLogger:
     def __init__(self, cfg: LoggerConfig, run_dir: str | Path, run_name: str,
-                 resolved_config: dict[str, Any], resume: bool = False) -> None:
+                 resolved_config: dict[str, Any], resume: bool = False, start_step: int = 0) -> None:
         unknown = [b for b in cfg.backends if b not in BACKENDS]
         if unknown:
             raise ValueError(f"logger.backends has {unknown}: expected a subset of {BACKENDS}")
@@ -103,7 +115,11 @@ class MetricsLogger:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl = None
         if "jsonl" in cfg.backends:
-            self.jsonl = open(self.run_dir / "metrics.jsonl", "a" if resume else "w")
+            path = self.run_dir / "metrics.jsonl"
+            kept = _lines_before(path, start_step) if resume else []
+            self.jsonl = open(path, "w")
+            # steps logged after the checkpoint we resume from are run again: drop their lines
+            self.jsonl.writelines(kept)
         self.wandb = None
         if "wandb" in cfg.backends:
             import wandb
@@ -133,10 +149,10 @@ class MetricsLogger:
             line = "  ".join(f"{k.split('/')[-1]}={scalars[k]:.4g}" for k in keys)
             print(f"[step {step}] {line}", file=sys.stderr, flush=True)
 
-    def log_table(self, step: int, samples: list[Sample]) -> None:
+    def log_table(self, step: int, samples: list[Sample], decode: Any = None) -> None:
         if self.cfg.table_every <= 0 or step % self.cfg.table_every:
             return
-        rows = episode_rows(samples, self.cfg.table_rows)
+        rows = episode_rows(samples, self.cfg.table_rows, decode)
         with open(self.run_dir / "episodes.jsonl", "a") as f:
             for r in rows:
                 f.write(json.dumps(dict(zip(EPISODE_COLUMNS, r))) + "\n")
