@@ -123,15 +123,20 @@ class HFEngine:
             self._pending = [r for r in self._pending if id(r) not in taken]
             if not self._pending:
                 self._has_work.clear()
-            try:
-                results = await asyncio.to_thread(self._run_batch, batch)
-            except Exception as e:  # a failed batch fails its requests, not the engine
-                self._stats["errors"] += len(batch)
-                results = [Generation.failed(f"generation failed: {type(e).__name__}: {e}", self.version)
-                           for _ in batch]
+            results = await self._run_or_isolate(batch)
             for r, g in zip(batch, results):
                 if not r.future.done():
                     r.future.set_result(g)
+
+    async def _run_or_isolate(self, batch: list[_Request]) -> list[Generation]:
+        """Run a batch; if it fails, run its requests one by one so one bad request fails alone."""
+        try:
+            return await asyncio.to_thread(self._run_batch, batch)
+        except Exception as e:
+            if len(batch) > 1:
+                return [g for r in batch for g in await self._run_or_isolate([r])]
+            self._stats["errors"] += 1
+            return [Generation.failed(f"generation failed: {type(e).__name__}: {e}", self.version)]
 
     def _run_batch(self, batch: list[_Request]) -> list[Generation]:
         from transformers import LogitsProcessorList

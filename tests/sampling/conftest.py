@@ -1,0 +1,38 @@
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.models import load_model_and_tokenizer, load_model_config
+from pipeline.rollout_config import load_rollout_config
+
+
+def rollout_cfg(**overrides: Any):
+    """conf/rollout/hf.yaml shrunk for tests (tiny responses, few trajectories), then overrides."""
+    base = {"n_trajectories": 2, "turns": 2, "max_response_length": 12,
+            "response_length_schedule": [], "max_prompt_length": 1024,
+            "gen_timeout_s": 120, "eval_timeout_s": 60, "engine.hf.batch_wait_s": 0.01}
+    base.update(overrides)
+    return load_rollout_config("hf", [f"{k}={v}" for k, v in base.items()])
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """(model config, model, tokenizer): one tiny model for the session."""
+    cfg = load_model_config("tiny")
+    model, tokenizer = load_model_and_tokenizer(cfg)
+    return cfg, model, tokenizer
+
+
+@pytest.fixture(scope="session")
+def ray_sampling():
+    """A local Ray for sampler-actor tests (same shape as tests/pipeline's, so either may start it)."""
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=8, num_gpus=3, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
+    yield ray
+    if started:
+        ray.shutdown()
