@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.algorithms import balance_across_ranks, micro_batches
-
 
 @dataclass
 class RankPlan:
@@ -37,6 +35,8 @@ def plan_step(lengths: list[int], loss_tokens: list[int], world_size: int, n_min
               token_budget: int) -> StepPlan:
     """``lengths``: tokens per row (prompt+response, what a forward costs); ``loss_tokens``: loss
     mask tokens per row. Mini-batches shrink to the row count when there are fewer rows."""
+    from pipeline.algorithms import balance_across_ranks, micro_batches
+
     n = len(lengths)
     if n == 0:
         raise ValueError("plan_step: the batch has no rows")

@@ -1,0 +1,129 @@
+"""Held-out evaluation: ``python -m pipeline.evaluate +experiment=kernel_multiturn
+evaluate.checkpoint=<run dir>/checkpoints/step_N [evaluate.k=16]``.
+
+Runs k multi-turn trajectories per held-out task with the sampler side (same engine, env and
+prompts as training), then reports, per turn budget t = 1..T (an attempt = a trajectory's best
+correct kernel within its first t turns): pass@k (Chen et al.'s unbiased estimator) for each k
+in ``evaluate.ks``, best@k / avg@k of correctness and speedup, and fast_p. Writes
+``eval.json`` in the run dir and logs through the configured logger.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from pipeline.eval_metrics import summarize
+from pipeline.sample import Sample
+
+
+@dataclass
+class EvaluateConfig:
+    checkpoint: str | None = MISSING   # a checkpoint dir (its model/ is loaded); null: model.*
+    split: str = MISSING               # the env split to evaluate on
+    k: int = MISSING                   # trajectories per task
+    ks: list[int] = field(default_factory=lambda: MISSING)  # pass@k for each k <= evaluate.k
+    fast_ps: list[float] = field(default_factory=lambda: MISSING)
+    max_tasks: int = MISSING           # 0: all tasks of the split
+    temperature: float | None = MISSING  # null: rollout.temperature
+
+
+def attempts_by_budget(samples: list[Sample], turns: int) -> dict[int, list[tuple[str, bool, float | None]]]:
+    """Per turn budget t: one attempt per trajectory = its fastest correct turn among the first t."""
+    by_traj: dict[tuple[str, int], list[Sample]] = {}
+    for s in samples:
+        by_traj.setdefault((s.task_id, s.traj), []).append(s)
+    out: dict[int, list[tuple[str, bool, float | None]]] = {}
+    for t in range(1, turns + 1):
+        rows = []
+        for (task, _), ss in sorted(by_traj.items()):
+            good = [s for s in ss if s.turn < t and (s.outcome or {}).get("correct")]
+            speed = max((float((s.outcome or {}).get("speedup") or 0.0) for s in good), default=None)
+            rows.append((task, bool(good), speed))
+        out[t] = rows
+    return out
+
+
+def evaluation_metrics(samples: list[Sample], turns: int, ks: list[int],
+                       fast_ps: list[float]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for t, rows in attempts_by_budget(samples, turns).items():
+        for key, val in summarize(rows, ks, fast_ps).items():
+            out[f"{key}/turns_{t}" if t < turns else key] = val
+    out["eval/samples"] = float(len(samples))
+    return out
+
+
+async def _collect(pool: Any, tasks: list[Any]) -> list[Sample]:
+    return [s async for s in pool.generate(0, tasks, 0)]
+
+
+def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, float]:
+    from pipeline.config import Config
+    from pipeline.main import env_spec
+    from pipeline.pools import init_ray, plan_pools
+    from pipeline.sampler import SamplerPool
+
+    import ray
+
+    OmegaConf.resolve(cfg)
+    conf: Config = OmegaConf.to_object(cfg)
+    ev = conf.evaluate
+    bad = [k for k in ev.ks if k < 1 or k > ev.k]
+    if bad:
+        raise ValueError(f"evaluate.ks={list(ev.ks)}: every k must be in [1, evaluate.k={ev.k}]")
+    model_cfg = conf.model
+    if ev.checkpoint:
+        model_dir = Path(ev.checkpoint) / "model"
+        if not model_dir.is_dir():
+            raise FileNotFoundError(f"evaluate.checkpoint={ev.checkpoint}: expected a checkpoint "
+                                    f"directory with model/ (HF format) inside")
+        model_cfg = dataclasses.replace(model_cfg, path=str(model_dir))
+    rollout = dataclasses.replace(conf.rollout, n_trajectories=ev.k,
+                                  temperature=ev.temperature if ev.temperature is not None
+                                  else conf.rollout.temperature)
+    init_ray(conf.resources)
+    try:
+        plan = plan_pools(conf.resources, ray.cluster_resources())
+        pool = SamplerPool(model_cfg, rollout, env_spec(conf), n_workers=plan.n_samplers,
+                           num_cpus=plan.sampler_bundles[0]["CPU"],
+                           num_gpus=plan.sampler_gpus_per_worker)
+        try:
+            tasks = ray.get(pool.workers[0].tasks.remote(ev.split))
+            if ev.max_tasks > 0:
+                tasks = tasks[:ev.max_tasks]
+            if not tasks:
+                raise ValueError(f"evaluate.split={ev.split!r} has no tasks")
+            samples = asyncio.run(_collect(pool, tasks))
+        finally:
+            pool.shutdown()
+    finally:
+        ray.shutdown()
+    metrics = evaluation_metrics(samples, rollout.turns, list(ev.ks), list(ev.fast_ps))
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "eval.json").write_text(json.dumps(metrics, indent=1))
+    for k, v in sorted(metrics.items()):
+        print(f"{k:32s} {v:.4f}", file=sys.stderr)
+    return metrics
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> float:
+    metrics = run(cfg, HydraConfig.get().runtime.output_dir)
+    return float(metrics.get("eval/best_correct", 0.0))
+
+
+if __name__ == "__main__":
+    from pipeline.config import register
+
+    register()
+    main()
