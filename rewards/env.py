@@ -1,0 +1,130 @@
+"""KernelEnv: the kernel-writing environment behind :class:`rewards.interface.RewardEnv`.
+
+evaluate = parse -> anti-hack rules -> sandbox (``await pool.evaluate(ref_src, code, backend)``)
+-> score -> feedback. Bad model output never raises: every failure is a scored (0) outcome with
+its reason. The sandbox pool is passed in (``KernelEnv(cfg, pool)``) or built from the sandbox
+config (``KernelEnv.from_config(reward_cfg, sandbox_cfg)``).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from rewards.config import validate
+from rewards.feedback import parse_feedback, result_feedback, rules_feedback
+from rewards.interface import TaskRef, Turn, TurnOutcome
+from rewards.parse import parse_response
+from rewards.prompts import build_messages
+from rewards.rules import RuleSettings, Violation, check_rules
+from rewards.score import score_result
+from rewards.tasks import Task, load_builtin, load_kernelbench, split
+from sandbox.result import EvalResult
+
+log = logging.getLogger(__name__)
+SPLITS = ("train", "holdout")
+
+
+class KernelEnv:
+    def __init__(self, cfg: Any, eval_pool: Any):
+        validate(cfg)
+        self.cfg = cfg
+        self.pool = eval_pool
+        self.backend: str = cfg.backend
+        self.enabled_rules = list(cfg.rules.enabled)
+        self.rule_settings = RuleSettings(frozenset(cfg.rules.allowed_torch_calls),
+                                          frozenset(cfg.rules.allowed_tensor_methods))
+        levels = list(cfg.levels)
+        if cfg.tasks == "builtin":
+            all_tasks = load_builtin(levels, profile=cfg.profile, skip_invalid=cfg.skip_invalid_tasks)
+        else:
+            all_tasks = load_kernelbench(cfg.tasks, levels, profile=cfg.profile, skip_invalid=cfg.skip_invalid_tasks)
+        if not all_tasks:
+            raise ValueError(f"reward.tasks={cfg.tasks!r} levels={levels}: no tasks found")
+        train, holdout = split(all_tasks, cfg.holdout_frac, cfg.split_seed)
+        if cfg.max_tasks is not None:
+            train, holdout = train[:cfg.max_tasks], holdout[:cfg.max_tasks]
+        self._splits = {"train": train, "holdout": holdout}
+        self._by_id = {t.id: t for t in all_tasks}
+
+    @classmethod
+    def from_config(cls, reward_cfg: Any, sandbox_cfg: Any) -> "KernelEnv":
+        from sandbox.pool import EvalPool
+
+        return cls(reward_cfg, EvalPool(sandbox_cfg))
+
+    # ---- RewardEnv ----
+    def tasks(self, split_name: str) -> list[TaskRef]:
+        if split_name not in SPLITS:
+            raise ValueError(f"KernelEnv split={split_name!r}: expected one of {SPLITS}")
+        return [TaskRef(task_id=t.id, payload=t) for t in self._splits[split_name]]
+
+    def task(self, ref: TaskRef | str) -> Task:
+        task_id = ref if isinstance(ref, str) else ref.task_id
+        if not isinstance(ref, str) and isinstance(ref.payload, Task):
+            return ref.payload
+        if task_id not in self._by_id:
+            raise KeyError(f"unknown task {task_id!r} (this environment has {len(self._by_id)} tasks)")
+        return self._by_id[task_id]
+
+    def messages(self, task: TaskRef, history: list[Turn]) -> list[dict[str, str]]:
+        return build_messages(self.task(task).source, self.backend, self.enabled_rules, history)
+
+    async def evaluate(self, task: TaskRef, response: str) -> TurnOutcome:
+        try:
+            return await self._evaluate(self.task(task), response)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a bug here must not lose the sample: score 0 with the reason
+            log.exception("KernelEnv.evaluate failed for %s", task.task_id)
+            return TurnOutcome(score=0.0, feedback="The evaluator failed on this attempt; answer again.",
+                               error_kind="sandbox_error", verdict={"error": f"{type(e).__name__}: {e}"})
+
+    async def aclose(self) -> None:
+        close = getattr(self.pool, "aclose", None)
+        if close is not None:
+            await close()
+
+    # ---- steps ----
+    def check(self, code: str) -> list[Violation]:
+        """Rule violations of an answer's code (valid Python)."""
+        return check_rules(code, self.backend, self.enabled_rules, self.rule_settings)
+
+    async def _evaluate(self, task: Task, response: str) -> TurnOutcome:
+        cfg = self.cfg
+        parsed = parse_response(response, max_chars=cfg.max_answer_chars)
+        summary = parsed.summary[:cfg.max_summary_chars]
+        answer = parsed.code or ""
+        violations: list[Violation] = []
+        if parsed.code is not None and parsed.error_kind != "syntax_error":
+            violations = self.check(parsed.code)
+        hacks = list(dict.fromkeys(v.rule for v in violations))
+        if not parsed.ok or violations:
+            feedback = rules_feedback(violations) if violations else parse_feedback(parsed)
+            if not parsed.ok and violations and parsed.error_kind != "no_model_new":
+                feedback = f"{parse_feedback(parsed)}\n{feedback}"
+            return TurnOutcome(score=0.0, feedback=feedback, summary=summary, answer=answer,
+                               parse_ok=parsed.ok, hacks=hacks,
+                               error_kind=parsed.error_kind if not parsed.ok else "rule_violation",
+                               verdict={"parse_error": parsed.error,
+                                        "violations": [{"rule": v.rule, "reason": v.reason} for v in violations]})
+        result = await self._run(task, parsed.code)
+        breakdown = score_result(result, cfg)
+        return TurnOutcome(
+            score=breakdown.score,
+            feedback=result_feedback(result, cfg.feedback_log_chars, breakdown.score, breakdown.note),
+            summary=summary, answer=answer, parse_ok=True, compiled=result.compiled, correct=result.correct,
+            speedup=result.speedup, hacks=[], error_kind=result.error_kind,
+            verdict={**result.to_dict(), "credited_speedup": breakdown.credited_speedup, "score_note": breakdown.note})
+
+    async def _run(self, task: Task, code: str) -> EvalResult:
+        try:
+            result = await self.pool.evaluate(task.source, code, self.backend)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.warning("sandbox failed on %s: %s", task.id, e)
+            return EvalResult.failure("sandbox_error", f"{type(e).__name__}: {e}", backend=self.backend)
+        if isinstance(result, dict):
+            result = EvalResult.from_dict(result)
+        return result

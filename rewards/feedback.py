@@ -1,0 +1,101 @@
+"""Feedback messages that open the next turn, one per outcome. Written for the model to act on."""
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from rewards.parse import Parsed
+from rewards.rules import RULES, Violation
+from sandbox.result import EvalResult
+
+_ERROR_LINE = re.compile(r"(\berror\b|error:|Error|undefined reference|FAILED|fatal)", re.IGNORECASE)
+
+_PARSE_HINTS = {
+    "too_long": "Your response was too long ({detail}). Keep the reasoning short and give one code block.",
+    "binary_junk": "Your response contained binary or control characters ({detail}).",
+    "empty": "Your response contained no answer ({detail}).",
+    "no_code_block": "Your response had no fenced ```python code block.",
+    "unterminated_code_block": "Your code block was not closed ({detail}); end it with a line of three backticks.",
+    "syntax_error": "Your code is not valid Python: {detail}.",
+    "no_model_new": "Your code does not define `class ModelNew`.",
+}
+_FORMAT_REMINDER = ("Answer with a brief summary of your approach followed by exactly one ```python code block "
+                    "that defines class ModelNew.")
+
+
+def trim_log(log: str | None, limit: int) -> str:
+    """The part of a compiler/runtime log a person would read first: the first error lines.
+
+    Starts a couple of lines before the first line that looks like an error and keeps ``limit``
+    characters from there; the full log stays in the evaluator record.
+    """
+    if not log:
+        return ""
+    lines = log.strip().splitlines()
+    first = next((i for i, line in enumerate(lines) if _ERROR_LINE.search(line)), 0)
+    text = "\n".join(lines[max(0, first - 2):])
+    if len(text) > limit:
+        text = text[:limit].rstrip() + "\n... (truncated)"
+    return text
+
+
+def parse_feedback(parsed: Parsed) -> str:
+    hint = _PARSE_HINTS.get(parsed.error_kind or "", "Your response could not be used ({detail}).")
+    return f"{hint.format(detail=parsed.error)} {_FORMAT_REMINDER}"
+
+
+def rules_feedback(violations: Sequence[Violation]) -> str:
+    lines = ["Your answer was rejected (score 0) because it breaks these rules:"]
+    for name in dict.fromkeys(v.rule for v in violations):
+        reasons = "; ".join(v.reason for v in violations if v.rule == name)
+        lines.append(f"- {name}: {RULES[name].description} ({reasons})")
+    lines.append("Write the computation as your own kernel and call it from ModelNew.forward.")
+    return "\n".join(lines)
+
+
+def _runtime(ms: float | None) -> str:
+    return "n/a" if ms is None else f"{ms:.4g} ms"
+
+
+def result_feedback(result: EvalResult, log_chars: int, score: float, note: str = "") -> str:
+    """Feedback from the sandbox verdict."""
+    kind = result.error_kind
+    log = trim_log(result.error, log_chars)
+    if result.correct:
+        if not result.timed or result.speedup is None:
+            return (f"Your kernel is correct ({result.trials_passed}/{result.trials} trials). It was not timed on "
+                    f"this backend, so it earned the correctness credit only (score {score:.3g}). Keep it correct "
+                    "and make it as fast as you can.")
+        faster = "faster than" if result.speedup >= 1.0 else "slower than"
+        text = (f"Your kernel is correct ({result.trials_passed}/{result.trials} trials) and {faster} the reference: "
+                f"{_runtime(result.new_runtime_ms)} vs {_runtime(result.ref_runtime_ms)}, speedup "
+                f"{result.speedup:.3g}x (score {score:.3g}).")
+        if note:
+            text += f" Note: {note}."
+        return text + " Make it faster: fuse more work, improve memory access, or use a better algorithm."
+    if kind in ("compile_error", "compile_timeout"):
+        what = "Compilation timed out" if kind == "compile_timeout" else "Your kernel failed to compile"
+        return f"{what}. First errors:\n{log}\nFix the errors and answer with the corrected code."
+    if kind == "load_error":
+        return f"Your module failed to load:\n{log}\nMake sure it imports cleanly and defines ModelNew."
+    if kind == "wrong_output":
+        where = f"output {result.which_output}" if result.which_output is not None else "the output"
+        errs = []
+        if result.max_abs_err is not None:
+            errs.append(f"max abs error {result.max_abs_err:.3g}")
+        if result.max_rel_err is not None:
+            errs.append(f"max rel error {result.max_rel_err:.3g}")
+        detail = f" ({', '.join(errs)})" if errs else ""
+        why = f"\n{log}" if log else ""
+        return (f"Your kernel ran but {where} is wrong{detail}; {result.trials_passed}/{result.trials} trials "
+                f"passed.{why}\nCheck indexing, boundary handling, reduction axes and shapes.")
+    if kind == "timeout":
+        return f"Your kernel ran past the time limit (hang or far too slow).\n{log}".rstrip()
+    if kind == "memory_limit":
+        return "Your kernel exceeded the memory limit of an evaluation."
+    if kind == "runtime_error":
+        return f"Your kernel crashed at run time:\n{log}\nFix the error and answer with the corrected code."
+    if kind in ("reference_error", "sandbox_error"):
+        return (f"The evaluator failed on this attempt ({kind}); this was not necessarily your fault:\n{log}\n"
+                "Answer again with your best kernel.")
+    return f"Your kernel was not correct ({kind or 'unknown'}).\n{log}".rstrip()
