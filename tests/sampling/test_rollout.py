@@ -1,0 +1,144 @@
+import asyncio
+
+import pytest
+
+from pipeline.engines.hf import HFEngine
+from pipeline.rollout import build_prompt, fit_prompt, run_episodes, stream_episodes
+from pipeline.rollout_config import max_response_length, response_length_at
+from rewards.interface import Turn
+from rewards.toy import ToyEnv
+
+from .conftest import rollout_cfg
+
+
+@pytest.fixture
+def engine(tiny):
+    _, model, tok = tiny
+    return HFEngine(model, tok, max_inflight=64, max_batch_size=16, batch_wait_s=0.01)
+
+
+async def test_multi_turn_episodes_fill_every_sample_field(engine, tiny):
+    _, _, tok = tiny
+    env = ToyEnv(n_tasks=2)
+    cfg = rollout_cfg(n_trajectories=3, turns=2)
+    seen = []
+    batch = await run_episodes(engine, tok, env, env.tasks("train"), step=5, version=2, cfg=cfg,
+                               on_sample=seen.append)
+    assert len(batch.samples) == len(seen) == 2 * 3 * 2 and batch.stats.n_errors == 0
+    assert len({s.uid for s in seen}) == 12 and seen[0].uid.startswith("5/toy/train/")
+    for s in seen:
+        assert s.step == 5 and s.policy_version == 0  # the engine's own weights version
+        assert s.prompt_ids and s.response_ids and len(s.logprobs) == len(s.response_ids)
+        assert len(s.response_ids) <= 12 and s.finish_reason in ("stop", "length")
+        assert s.response_text == tok.decode(s.response_ids, skip_special_tokens=True)
+        assert s.score == pytest.approx(env.score(s.outcome["answer"]))
+        assert s.outcome["feedback"].startswith("Your previous answer scored")
+        assert s.t_gen_start <= s.t_gen_end <= s.t_eval_end and s.error is None
+    by_traj = {(s.task_id, s.traj): sorted([x for x in seen if (x.task_id, x.traj) == (s.task_id, s.traj)],
+                                           key=lambda x: x.turn) for s in seen}
+    for first, second in by_traj.values():
+        text = tok.decode(second.prompt_ids)
+        assert first.outcome["feedback"] in text and text.startswith(tok.decode(first.prompt_ids)[:40])
+        assert second.t_gen_start >= first.t_eval_end  # the next turn waits for its own feedback
+    m = batch.stats.metrics()
+    assert m["rollout/samples"] == 12 and m["timing/gen"] > 0 and m["response/length_mean"] > 0
+
+
+def test_later_prompts_keep_feedback_summary_and_answer_not_the_reasoning(tiny):
+    _, _, tok = tiny
+    env = ToyEnv()
+    task = env.tasks("train")[0]
+    response = "<think>\nOkay, SECRET-REASONING here.\n</think>\nSummary: wrote many a\naaaa bbb"
+    outcome = asyncio.run(env.evaluate(task, response))
+    assert outcome.summary == "wrote many a" and outcome.answer == "aaaa bbb"
+    ids, dropped = fit_prompt(tok, env, task, [Turn(outcome.summary, outcome.answer, outcome.feedback)],
+                              max_len=4096)
+    text = tok.decode(ids)
+    assert dropped == 0 and "SECRET-REASONING" not in text and "<think>" not in text
+    assert outcome.feedback in text and "aaaa bbb" in text and "wrote many a" in text
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+async def test_streaming_rewards_overlap_generation(tiny):
+    _, model, tok = tiny
+    # small batches so generation of later trajectories is still running when early ones are scored
+    engine = HFEngine(model, tok, max_inflight=64, max_batch_size=2, batch_wait_s=0.0)
+    env = ToyEnv(n_tasks=2, delay_s=0.4)
+    cfg = rollout_cfg(n_trajectories=4, turns=2, max_response_length=16)
+    samples = [s async for s in stream_episodes(engine, tok, env, env.tasks("train"), 0, 0, cfg)]
+    assert len(samples) == 16
+    assert [s.t_eval_end for s in samples] == sorted(s.t_eval_end for s in samples)  # score order
+    first_score = min(s.t_eval_end for s in samples)
+    last_token = max(s.t_gen_end for s in samples)
+    assert first_score < last_token
+    # some trajectory finished generating while another one was being evaluated
+    assert any(a.t_gen_end < b.t_gen_end < a.t_eval_end for a in samples for b in samples)
+    # evaluations ran concurrently: far less than 16 sequential 0.4 s delays
+    assert max(s.t_eval_end for s in samples) - min(s.t_gen_start for s in samples) < 16 * 0.4 / 2
+
+
+class CrashingEnv(ToyEnv):
+    """An evaluator that dies on one task: its trajectories stop, the batch completes."""
+
+    async def evaluate(self, task, response):
+        if task.task_id.endswith("/1"):
+            raise RuntimeError("evaluator process died")
+        return await super().evaluate(task, response)
+
+
+async def test_evaluator_crash_gives_zero_scored_samples_and_the_batch_completes(engine, tiny):
+    _, _, tok = tiny
+    env = CrashingEnv(n_tasks=2)
+    batch = await run_episodes(engine, tok, env, env.tasks("train"), 0, 0, rollout_cfg(turns=3))
+    bad = [s for s in batch.samples if s.task_id.endswith("/1")]
+    good = [s for s in batch.samples if s.task_id.endswith("/0")]
+    assert len(good) == 2 * 3 and all(s.error is None for s in good)
+    assert len(bad) == 2 and all(s.turn == 0 and s.score == 0.0 for s in bad)
+    assert all("evaluation failed: RuntimeError: evaluator process died" in s.error for s in bad)
+    assert all(s.response_ids for s in bad)  # the generated tokens are kept with the error
+    assert batch.stats.n_errors == 2
+
+
+async def test_timeouts_become_error_samples(engine, tiny):
+    _, _, tok = tiny
+    slow = ToyEnv(n_tasks=1, delay_s=5.0)
+    batch = await run_episodes(engine, tok, slow, slow.tasks("train"), 0, 0, rollout_cfg(eval_timeout_s=0.2))
+    assert len(batch.samples) == 2 and all("evaluation timed out" in s.error for s in batch.samples)
+    env = ToyEnv(n_tasks=1)
+    batch = await run_episodes(engine, tok, env, env.tasks("train"), 0, 0, rollout_cfg(gen_timeout_s=1e-4))
+    assert len(batch.samples) == 2
+    assert all(s.finish_reason == "error" and "generation timed out" in s.error and s.score == 0
+               for s in batch.samples)
+
+
+async def test_an_engine_error_ends_the_trajectory_with_a_reason(tiny):
+    _, model, tok = tiny
+    engine = HFEngine(model, tok)
+    engine.sleep()  # every generate now fails with EngineAsleep
+    env = ToyEnv(n_tasks=1)
+    batch = await run_episodes(engine, tok, env, env.tasks("train"), 0, 0, rollout_cfg())
+    assert len(batch.samples) == 2 and all("EngineAsleep" in s.error and s.score == 0
+                                           for s in batch.samples)
+    assert env.evaluations == 0
+
+
+async def test_long_prompts_drop_old_turns_or_end_the_trajectory(engine, tiny):
+    _, _, tok = tiny
+    env = ToyEnv(n_tasks=1)
+    task = env.tasks("train")[0]
+    first = len(build_prompt(tok, env.messages(task, [])))
+    cfg = rollout_cfg(turns=3, max_prompt_length=first + 8)  # no room for an earlier turn
+    batch = await run_episodes(engine, tok, env, [task], 0, 0, cfg)
+    assert len(batch.samples) == 6 and all(len(s.prompt_ids) <= first + 8 for s in batch.samples)
+    assert batch.stats.history_turns_dropped > 0
+    assert all(s.outcome["history_dropped"] >= 1 for s in batch.samples if s.turn > 0)
+    batch = await run_episodes(engine, tok, env, [task], 0, 0, rollout_cfg(max_prompt_length=first - 1))
+    assert batch.samples == [] and batch.stats.ended_prompt_too_long == 2
+
+
+def test_response_length_schedule():
+    cfg = rollout_cfg(max_response_length=16384, response_length_schedule=[[0, 16384], [30, 22528]])
+    assert [response_length_at(cfg, s) for s in (0, 29, 30, 99)] == [16384, 16384, 22528, 22528]
+    assert max_response_length(cfg) == 22528
+    with pytest.raises(ValueError, match="response_length_schedule"):
+        response_length_at(rollout_cfg(response_length_schedule=[[30, 8], [0, 16]]), 0)
