@@ -2,7 +2,8 @@
 
 Expected answer: optional ``<think>...</think>`` reasoning, then a short summary, then exactly one
 fenced python code block defining ``class ModelNew``. When several blocks are present the **last**
-one is the answer (models often show a draft first).
+python-tagged one is the answer (models often show a draft first); an untagged block counts only
+when no block is tagged python.
 """
 from __future__ import annotations
 
@@ -125,7 +126,8 @@ def parse_response(text: str, max_chars: int | None = None) -> Parsed:
     lines = answer.splitlines()
     all_blocks = _fenced_blocks(lines)
     summary = _prose(lines, all_blocks)
-    blocks = [b for b in all_blocks if b.tag in _PYTHON_TAGS]
+    # python-tagged blocks first; untagged ones only when no block says python
+    blocks = [b for b in all_blocks if b.tag in _PYTHON_TAGS - {""}] or [b for b in all_blocks if b.tag == ""]
     if not blocks:
         return Parsed(thinking, summary, None, "no_code_block", "no fenced ```python code block")
     last = blocks[-1]
