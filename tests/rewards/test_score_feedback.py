@@ -1,0 +1,74 @@
+import pytest
+
+from rewards.config import load_reward_config
+from rewards.feedback import parse_feedback, result_feedback, rules_feedback, trim_log
+from rewards.parse import parse_response
+from rewards.rules import Violation
+from rewards.score import score_result
+from sandbox.result import EvalResult
+
+CFG = load_reward_config("kernel")  # correct_weight 0.3, speedup_weight 1, cap 10, excessive -> zero
+
+
+def correct(speedup, timed=True, flags=()):
+    return EvalResult(stage="done", compiled=True, correct=True, trials=5, trials_passed=5, timed=timed,
+                      speedup=speedup, ref_runtime_ms=2.0, new_runtime_ms=2.0 / speedup if speedup else None,
+                      flags=list(flags))
+
+
+def test_score_is_kevin_formula():
+    assert score_result(correct(2.0), CFG).score == pytest.approx(0.3 + 2.0)
+    assert score_result(correct(0.5), CFG).score == pytest.approx(0.8)
+
+
+def test_wrong_or_violating_answers_score_zero():
+    wrong = EvalResult(stage="correctness", compiled=True, correct=False, error_kind="wrong_output")
+    assert score_result(wrong, CFG).score == 0.0
+    assert score_result(correct(3.0), CFG, violations=True).score == 0.0
+
+
+def test_cap_and_excessive_speedup_policies():
+    assert score_result(correct(50.0), CFG).score == pytest.approx(0.3 + 10.0)
+    flagged = correct(500.0, flags=["excessive_speedup"])
+    zeroed = score_result(flagged, CFG)
+    assert zeroed.score == pytest.approx(0.3) and "excessive" in zeroed.note
+    capped = score_result(flagged, load_reward_config("kernel", excessive_speedup="cap"))
+    assert capped.score == pytest.approx(10.3)
+
+
+def test_untimed_backend_earns_correctness_only():
+    assert score_result(correct(None, timed=False), CFG).score == pytest.approx(0.3)
+    assert score_result(correct(4.0, timed=False), CFG).score == pytest.approx(0.3)
+
+
+def test_weights_are_configurable():
+    cfg = load_reward_config("kernel", correct_weight=1.0, speedup_weight=0.0)
+    assert score_result(correct(2.0), cfg).score == pytest.approx(1.0)
+
+
+def test_trim_log_starts_at_first_error():
+    log = "\n".join([f"[{i}/9] building object {i}" for i in range(40)] +
+                    ["main.cpp:12:5: error: 'foo' was not declared in this scope", "   12 |   foo();"] +
+                    ["note: more"] * 200)
+    text = trim_log(log, 300)
+    assert "error: 'foo' was not declared" in text and "building object 0" not in text
+    assert len(text) <= 320 and text.endswith("(truncated)")
+
+
+def test_feedback_messages_by_outcome():
+    compile_err = EvalResult(stage="compile", error_kind="compile_error",
+                             error="ninja: build stopped\nk.cpp:3:1: error: expected ';' before '}' token")
+    assert "expected ';'" in result_feedback(compile_err, 500, 0.0)
+    wrong = EvalResult(stage="correctness", compiled=True, error_kind="wrong_output", which_output=1,
+                       max_abs_err=0.5, max_rel_err=2.0, trials=5, trials_passed=0)
+    text = result_feedback(wrong, 500, 0.0)
+    assert "output 1" in text and "0.5" in text and "0/5" in text
+    runtime = EvalResult(stage="correctness", compiled=True, error_kind="runtime_error", error="RuntimeError: boom")
+    assert "boom" in result_feedback(runtime, 500, 0.0)
+    fast = result_feedback(correct(2.0), 500, 2.3)
+    assert "2x" in fast and "faster" in fast.lower() and "1 ms" in fast
+    assert "not timed" in result_feedback(correct(None, timed=False), 500, 0.3)
+    assert "timed out" in result_feedback(EvalResult(error_kind="compile_timeout"), 500, 0.0)
+    rules = rules_feedback([Violation("try_except", "line 3: try/except ...")])
+    assert "try_except" in rules and "line 3" in rules
+    assert "```python" in parse_feedback(parse_response("no code here"))
