@@ -45,6 +45,10 @@ class EvalResult:
     cache_hit: bool = False
     backend: str = ""
     device: str = ""
+    # added by the sandbox (backward compatible): which OS measures confined the evaluation
+    # (e.g. "netns", "pidns", "landlock_fs", "rlimit_as"), and the tail of its stdout/stderr.
+    isolation: list[str] = field(default_factory=list)
+    log_tail: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -1,0 +1,74 @@
+"""Schema of the sandbox configuration. Types only: every value lives in conf/sandbox/default.yaml."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING, OmegaConf
+
+BACKENDS = ("cpu", "triton", "cuda")
+DEFAULT_YAML = Path(__file__).resolve().parent.parent / "conf" / "sandbox" / "default.yaml"
+
+
+@dataclass
+class Tolerance:
+    atol: float = MISSING
+    rtol: float = MISSING
+
+
+@dataclass
+class EvalConfig:
+    backend: str = MISSING                 # cpu | triton | cuda: used when a call names none
+    correctness_trials: int = MISSING      # fresh random inputs and seed per trial
+    seed: int = MISSING                    # base seed; trial i uses seed + i
+    warmup_runs: int = MISSING
+    timing_runs: int = MISSING             # the reported runtime is their median
+    timing_input_sets: int = MISSING       # timing rotates over this many input sets
+    # keyed by torch dtype name without the "torch." prefix (float32, float16, bfloat16, ...)
+    tolerance: dict[str, Tolerance] = field(default_factory=dict)
+    compile_timeout_s: float = MISSING
+    run_timeout_s: float = MISSING         # wall limit of the run step (correctness + timing)
+    memory_limit_bytes: int = MISSING      # host memory of one evaluation (RLIMIT_AS or RSS watch)
+    max_open_files: int = MISSING
+    max_processes: int = MISSING           # RLIMIT_NPROC; only where the kernel enforces it
+    cpu_time_limit_s: int = MISSING        # RLIMIT_CPU of one worker process
+    max_file_size_bytes: int = MISSING     # RLIMIT_FSIZE: builds and saved outputs must fit
+    max_concurrent: int = MISSING          # evaluations in flight in one pool
+    compile_workers: int = MISSING         # compile steps in flight in one pool
+    cache_dir: str | None = MISSING        # null: a directory under the system temp dir
+    excessive_speedup: float = MISSING     # speedups above this are flagged for review
+    gpu_ids: list[int] = field(default_factory=list)  # empty: every visible GPU
+    block_network: bool = MISSING          # own network namespace where the OS allows it
+    restrict_writes: bool = MISSING        # Landlock: writes only to the evaluation's own dirs
+    pid_namespace: bool = MISSING          # own PID namespace: every leftover process dies with it
+    cpu_threads: int = MISSING             # torch / OpenMP threads of one evaluation
+    gpu_flush_bytes: int = MISSING         # buffer written between timed runs to flush the L2
+    cpu_flush_bytes: int = MISSING         # same on CPU, for the last-level cache
+    max_jobs: int = MISSING                # ninja jobs of one build (MAX_JOBS)
+    cuda_arch: str | None = MISSING        # TORCH_CUDA_ARCH_LIST; null: the arch of the assigned GPU
+    precompiled_header: bool = MISSING     # build torch/extension.h once per flag set and reuse it
+    poison_bytes: int = MISSING            # NaN-filled memory freed before every candidate run
+    output_tail_bytes: int = MISSING       # how much of a worker's stdout/stderr is kept
+    lost_worker_retries: int = MISSING     # a worker that vanished without a verdict is rerun this often
+    keep_workdirs: bool = MISSING          # keep per-evaluation dirs (debugging)
+
+
+def load_default_config(path: str | Path | None = None, **overrides: Any) -> EvalConfig:
+    """The YAML defaults merged onto the schema, then ``overrides``; a wrong key fails naming it."""
+    schema = OmegaConf.structured(EvalConfig)
+    merged = OmegaConf.merge(schema, OmegaConf.load(str(path or DEFAULT_YAML)), OmegaConf.create(overrides))
+    cfg: EvalConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: EvalConfig) -> None:
+    if cfg.backend not in BACKENDS:
+        raise ValueError(f"sandbox.backend={cfg.backend!r}: expected one of {BACKENDS}")
+    for name in ("correctness_trials", "timing_runs", "max_concurrent", "compile_workers", "cpu_threads"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"sandbox.{name}={getattr(cfg, name)}: expected an integer >= 1")
+    for dtype in ("float32", "float16", "bfloat16"):
+        if dtype not in cfg.tolerance:
+            raise ValueError(f"sandbox.tolerance has no entry for {dtype!r} (has {sorted(cfg.tolerance)})")

@@ -1,0 +1,487 @@
+"""EvalPool: many sandboxed evaluations at once, from an asyncio event loop.
+
+One evaluation = an optional compile step (a worker process that imports the candidate, so
+``load_inline`` builds into a content-addressed build dir) and a run step (a fresh worker that
+loads that build, checks correctness and times). Builds are cached by content and deduplicated:
+identical candidates in flight share one build (a future per key in this pool, a file lock across
+pools). Reference timings are cached per (task source, device). Run steps on a GPU hold that GPU
+alone (timings are not disturbed by a neighbour); compile steps use CPU slots only.
+
+A crash, hang, fork bomb or memory hog costs only its own evaluation: the pool kills the worker's
+whole process group (and its PID namespace), a watchdog enforces the process count and, where
+RLIMIT_AS cannot be used (CUDA), resident memory.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import fcntl
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from sandbox.build import build_key, pch_key, task_key
+from sandbox.config import BACKENDS, EvalConfig
+from sandbox.result import EvalResult
+
+_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
+              "CUDA_ROOT", "CC", "CXX", "NVCC_CCBIN", "NVIDIA_DRIVER_CAPABILITIES", "TRITON_PTXAS_PATH",
+              "TRITON_LIBCUDA_PATH", "VIRTUAL_ENV")
+_ENV_DENY = re.compile(r"TOKEN|KEY|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|^AWS_|^WANDB_|^HF_|^HUGGING|^GITHUB|"
+                       r"^SSH_|^GOOGLE_|^AZURE_|^OPENAI|^ANTHROPIC", re.IGNORECASE)
+_MARKER = "SANDBOX_EVAL_ID"
+# Per-call overrides of the configuration that make sense for one evaluation.
+_OVERRIDABLE = ("correctness_trials", "seed", "warmup_runs", "timing_runs", "timing_input_sets",
+                "compile_timeout_s", "run_timeout_s", "memory_limit_bytes", "excessive_speedup",
+                "cpu_threads", "poison_bytes", "gpu_flush_bytes", "cpu_flush_bytes")
+# Compile verdicts that depend only on the source: cached with the build.
+_CACHEABLE_FAILURES = ("compile_error", "load_error")
+
+
+def scrubbed_env(extra: dict[str, str]) -> dict[str, str]:
+    """The parent's environment reduced to an allowlist, secrets never included, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k in _ENV_ALLOW and not _ENV_DENY.search(k)}
+    env.update(extra)
+    return {k: v for k, v in env.items() if not _ENV_DENY.search(k) or k == _MARKER}
+
+
+def detect_gpus() -> list[tuple[int, str]]:
+    """(index, compute capability) of each visible GPU, from nvidia-smi; [] without one."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    try:
+        out = subprocess.run([exe, "--query-gpu=index,compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return []
+    gpus = []
+    for line in out.strip().splitlines():
+        idx, _, cap = line.partition(",")
+        if idx.strip().isdigit():
+            gpus.append((int(idx), cap.strip()))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() != "":
+        keep = [int(v) for v in visible.split(",") if v.strip().isdigit()]
+        gpus = [g for g in gpus if g[0] in keep]
+    return gpus
+
+
+@dataclasses.dataclass
+class _StepOutcome:
+    data: dict[str, Any] | None      # the worker's result JSON, None when the worker gave none
+    killed_for: str | None = None    # "timeout" | "processes" | "memory" when the pool killed it
+    detail: str = ""
+    wall_s: float = 0.0
+
+
+class EvalPool:
+    """``await pool.evaluate(ref_src, candidate_src, backend)`` -> :class:`EvalResult`."""
+
+    def __init__(self, cfg: EvalConfig):
+        self.cfg = cfg
+        self._own_cache = cfg.cache_dir is None
+        self.cache = Path(cfg.cache_dir or tempfile.mkdtemp(prefix="sandbox_cache_"))
+        for sub in ("builds", "pch", "refs", "work"):
+            (self.cache / sub).mkdir(parents=True, exist_ok=True)
+        self._slots = asyncio.Semaphore(cfg.max_concurrent)
+        self._compile_slots = asyncio.Semaphore(cfg.compile_workers)
+        self._building: dict[str, asyncio.Task] = {}
+        self._pch_building: dict[str, asyncio.Task] = {}
+        self._ref_ms: dict[str, float] = {}
+        self._live: set[asyncio.subprocess.Process] = set()
+        self._gpus: list[tuple[int, str]] | None = None
+        self._free_gpus: asyncio.Queue[tuple[int, str]] | None = None
+        self._torch_version: str | None = None
+        self._started = time.monotonic()
+        self._stats: Counter[str] = Counter()
+        self._compile_times: list[float] = []
+        self._closed = False
+
+    # --- public -------------------------------------------------------------------------------
+
+    async def evaluate(self, ref_src: str, candidate_src: str, backend: str | None = None,
+                       key: str | None = None, **overrides: Any) -> EvalResult:
+        """Compile (cached), check and time ``candidate_src`` against ``ref_src``. Never raises for
+        anything the candidate does; ``key`` labels the evaluation (work dir name, logs)."""
+        if self._closed:
+            raise RuntimeError("EvalPool is closed")
+        backend = backend or self.cfg.backend
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r}: expected one of {BACKENDS}")
+        unknown = sorted(set(overrides) - set(_OVERRIDABLE))
+        if unknown:
+            raise TypeError(f"EvalPool.evaluate: unknown override(s) {unknown}; allowed: {list(_OVERRIDABLE)}")
+        cfg = dataclasses.replace(self.cfg, **overrides)
+        async with self._slots:
+            t0 = time.monotonic()
+            result = await self._evaluate(ref_src, candidate_src, backend, key, cfg)
+            result.wall_s["total"] = round(time.monotonic() - t0, 3)
+        self._stats["evaluations"] += 1
+        self._stats[f"error/{result.error_kind}" if result.error_kind else "error/none"] += 1
+        self._stats["correct"] += int(result.correct)
+        return result
+
+    def stats(self) -> dict[str, float]:
+        minutes = max((time.monotonic() - self._started) / 60.0, 1e-9)
+        out: dict[str, float] = {k: float(v) for k, v in self._stats.items()}
+        out["evals_per_min"] = self._stats["evaluations"] / minutes
+        if self._compile_times:
+            ts = sorted(self._compile_times)
+            out["compile_s_p50"] = statistics.median(ts)
+            out["compile_s_p95"] = ts[min(len(ts) - 1, int(round(0.95 * (len(ts) - 1))))]
+        out.setdefault("cache_hits", 0.0)
+        return out
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for task in list(self._building.values()) + list(self._pch_building.values()):
+            task.cancel()
+        for proc in list(self._live):
+            self._kill_group(proc)
+        await asyncio.gather(*self._building.values(), *self._pch_building.values(), return_exceptions=True)
+        if self._own_cache:
+            await asyncio.to_thread(shutil.rmtree, self.cache, True)
+
+    async def __aenter__(self) -> "EvalPool":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    # --- one evaluation -----------------------------------------------------------------------
+
+    async def _evaluate(self, ref_src: str, cand_src: str, backend: str, key: str | None,
+                        cfg: EvalConfig) -> EvalResult:
+        gpus = await self._gpu_list() if backend in ("cuda", "triton") else []
+        if backend == "cuda" and not gpus:
+            return EvalResult.failure("sandbox_error", "the cuda backend needs a GPU and none is visible",
+                                      backend=backend)
+        on_gpu = bool(gpus)
+        arch = cfg.cuda_arch or (gpus[0][1] if gpus else "")
+        bkey = build_key(cand_src, backend, arch, await self._torch())
+        eval_id = f"{_safe(key) + '-' if key else ''}{uuid.uuid4().hex[:10]}"
+        eval_dir = self.cache / "work" / eval_id
+        try:
+            compiled = await self._ensure_built(bkey, cand_src, backend, arch, cfg, eval_dir)
+            if compiled.get("error_kind"):
+                res = EvalResult.from_dict({**compiled, "backend": backend, "trials": cfg.correctness_trials})
+                res.cache_hit = bool(compiled.get("cache_hit"))
+                return res
+            device_name = f"cuda:{arch}" if on_gpu else "cpu"
+            tkey = task_key(ref_src, f"{backend}:{device_name}:{cfg.timing_runs}:{cfg.cpu_threads}")
+            ref_ms = self._ref_ms.get(tkey) or self._load_ref_ms(tkey)
+            res = await self._run(ref_src, cand_src, backend, bkey, arch, cfg, eval_dir, eval_id, on_gpu, ref_ms)
+            if res.timed and res.ref_runtime_ms and ref_ms is None and res.error_kind is None:
+                self._store_ref_ms(tkey, res.ref_runtime_ms)
+            res.cache_hit = bool(compiled.get("cache_hit"))
+            if "compile" in compiled.get("wall_s", {}) and not res.cache_hit:
+                res.wall_s["compile"] = compiled["wall_s"]["compile"]
+            return res
+        finally:
+            if not cfg.keep_workdirs:
+                await asyncio.to_thread(shutil.rmtree, eval_dir, True)
+
+    async def _run(self, ref_src: str, cand_src: str, backend: str, bkey: str, arch: str, cfg: EvalConfig,
+                   eval_dir: Path, eval_id: str, on_gpu: bool, ref_ms: float | None) -> EvalResult:
+        gpu: tuple[int, str] | None = None
+        if on_gpu:
+            assert self._free_gpus is not None
+            gpu = await self._free_gpus.get()
+        try:
+            timed = backend == "cpu" or on_gpu
+            req = {"mode": "run", "task_src": ref_src, "candidate_src": cand_src, "backend": backend,
+                   "device": "cuda:0" if on_gpu else "cpu", "trials": cfg.correctness_trials, "seed": cfg.seed,
+                   "warmup": cfg.warmup_runs, "runs": cfg.timing_runs, "input_sets": cfg.timing_input_sets,
+                   "tolerance": {k: dataclasses.asdict(v) for k, v in cfg.tolerance.items()},
+                   "flush_bytes": cfg.gpu_flush_bytes if on_gpu else cfg.cpu_flush_bytes,
+                   "poison_bytes": cfg.poison_bytes, "excessive_speedup": cfg.excessive_speedup,
+                   "cpu_threads": cfg.cpu_threads, "ref_runtime_ms": ref_ms, "timeout_s": cfg.run_timeout_s,
+                   "timed": timed}
+            limit = cfg.run_timeout_s + max(30.0, cfg.run_timeout_s)
+            for attempt in range(cfg.lost_worker_retries + 1):
+                out = await self._step(req, "run", bkey, eval_dir / f"run{attempt}", eval_id, cfg, backend,
+                                       gpu, arch, limit)
+                if out.data is not None or out.killed_for is not None:
+                    break
+                self._stats["lost_workers"] += 1
+            res = self._verdict(out, "run", cfg)
+            res.backend, res.trials = backend, cfg.correctness_trials
+            res.device = f"cuda:{gpu[0]} (sm {gpu[1]})" if gpu else "cpu"
+            if not timed:
+                res.timed, res.speedup, res.new_runtime_ms, res.ref_runtime_ms = False, None, None, None
+            return res
+        finally:
+            if gpu is not None:
+                assert self._free_gpus is not None
+                self._free_gpus.put_nowait(gpu)
+
+    def _verdict(self, out: _StepOutcome, mode: str, cfg: EvalConfig) -> EvalResult:
+        if out.killed_for == "timeout":
+            kind = "compile_timeout" if mode == "compile" else "timeout"
+            limit = cfg.compile_timeout_s if mode == "compile" else cfg.run_timeout_s
+            return EvalResult.failure(kind, f"{mode} step ran past its wall limit ({limit:g} s)",
+                                      stage="compile" if mode == "compile" else "correctness")
+        if out.killed_for == "processes":
+            return EvalResult.failure("runtime_error", out.detail, stage="correctness")
+        if out.killed_for == "memory":
+            return EvalResult.failure("memory_limit", out.detail, stage="correctness")
+        if out.data is None:
+            return EvalResult.failure("sandbox_error", f"the {mode} worker was lost twice: {out.detail}")
+        return EvalResult.from_dict(out.data)
+
+    # --- builds -------------------------------------------------------------------------------
+
+    async def _ensure_built(self, bkey: str, cand_src: str, backend: str, arch: str, cfg: EvalConfig,
+                            eval_dir: Path) -> dict[str, Any]:
+        """The compile verdict for ``bkey``: from the cache, from a build in flight, or by building."""
+        marker = self.cache / "builds" / f"{bkey}.json"
+        if marker.exists():
+            self._stats["cache_hits"] += 1
+            return {**json.loads(marker.read_text()), "cache_hit": True}
+        if not _needs_compile_step(cand_src):
+            return {"stage": "compile"}
+        task = self._building.get(bkey)
+        if task is not None:
+            self._stats["deduplicated_builds"] += 1
+            verdict = await asyncio.shield(task)
+            return {**verdict, "cache_hit": True}
+        task = asyncio.ensure_future(self._build(bkey, cand_src, backend, arch, cfg, eval_dir, marker))
+        self._building[bkey] = task
+        try:
+            return await asyncio.shield(task)
+        finally:
+            if task.done():
+                self._building.pop(bkey, None)
+
+    async def _build(self, bkey: str, cand_src: str, backend: str, arch: str, cfg: EvalConfig,
+                     eval_dir: Path, marker: Path) -> dict[str, Any]:
+        async with self._compile_slots:
+            lock_fd = await self._lock(self.cache / "builds" / f"{bkey}.lock")
+            try:
+                if marker.exists():  # another pool built it while we waited
+                    self._stats["cache_hits"] += 1
+                    return {**json.loads(marker.read_text()), "cache_hit": True}
+                req = {"mode": "compile", "candidate_src": cand_src, "backend": backend, "device": "cpu",
+                       "trials": cfg.correctness_trials, "cpu_threads": cfg.cpu_threads}
+                t = time.monotonic()
+                out = await self._step(req, "compile", bkey, eval_dir / "compile", bkey[:10], cfg, backend,
+                                       None, arch, cfg.compile_timeout_s)
+                res = self._verdict(out, "compile", cfg)
+                seconds = round(time.monotonic() - t, 3)
+                verdict = {k: v for k, v in res.to_dict().items()
+                           if k in ("stage", "compiled", "error_kind", "error", "log_tail")}
+                verdict["wall_s"] = {"compile": seconds}
+                if res.error_kind is None:
+                    self._compile_times.append(seconds)
+                    self._stats["compiles"] += 1
+                if res.error_kind is None or res.error_kind in _CACHEABLE_FAILURES:
+                    marker.write_text(json.dumps(verdict))
+                for flags in (out.data or {}).get("pch_wanted", []):
+                    self._schedule_pch(flags)
+                return verdict
+            finally:
+                fcntl.flock(lock_fd, fcntl.LOCK_UN)
+                os.close(lock_fd)
+
+    async def _lock(self, path: Path) -> int:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                await asyncio.sleep(0.2)
+
+    def _schedule_pch(self, flags: list[str]) -> None:
+        if not self.cfg.precompiled_header or self._closed:
+            return
+        k = json.dumps(flags)
+        if k in self._pch_building:
+            return
+        self._pch_building[k] = asyncio.ensure_future(self._build_pch(flags))
+
+    async def _build_pch(self, flags: list[str]) -> None:
+        """Trusted (unsandboxed) build of torch/extension.h for one flag set, off the critical path."""
+        async with self._compile_slots:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "sandbox.build", "--pch-root", str(self.cache / "pch"),
+                "--cflags", json.dumps(flags), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                env=scrubbed_env({"PYTHONPATH": _PROJECT_ROOT, "HOME": str(self.cache)}), start_new_session=True)
+            self._live.add(proc)
+            try:
+                out, err = await proc.communicate()
+                self._stats["pch_built" if proc.returncode == 0 else "pch_failed"] += 1
+            finally:
+                self._live.discard(proc)
+
+    # --- one worker process -------------------------------------------------------------------
+
+    async def _step(self, req: dict[str, Any], mode: str, bkey: str, workdir: Path, eval_id: str,
+                    cfg: EvalConfig, backend: str, gpu: tuple[int, str] | None, arch: str,
+                    limit_s: float) -> _StepOutcome:
+        build_dir = self.cache / "builds" / bkey
+        build_dir.mkdir(parents=True, exist_ok=True)
+        (workdir / "tmp").mkdir(parents=True, exist_ok=True)
+        use_as = backend == "cpu" or (backend == "triton" and gpu is None)
+        req = {**req, "workdir": str(workdir), "build_dir": str(build_dir),
+               "pch_root": str(self.cache / "pch") if cfg.precompiled_header else None,
+               "tail_bytes": cfg.output_tail_bytes,
+               "limits": {"memory_bytes": cfg.memory_limit_bytes if use_as else None,
+                          "open_files": cfg.max_open_files, "processes": cfg.max_processes,
+                          "cpu_s": cfg.cpu_time_limit_s, "file_size_bytes": cfg.max_file_size_bytes},
+               "isolation": {"network": cfg.block_network, "writes": cfg.restrict_writes,
+                             "pids": cfg.pid_namespace}}
+        marker = f"{eval_id}-{mode}-{uuid.uuid4().hex[:6]}"
+        extra = {"HOME": str(workdir), "TMPDIR": str(workdir / "tmp"), "TORCH_EXTENSIONS_DIR": str(build_dir),
+                 "MAX_JOBS": str(cfg.max_jobs), "OMP_NUM_THREADS": str(cfg.cpu_threads),
+                 "MKL_NUM_THREADS": str(cfg.cpu_threads), "PYTHONDONTWRITEBYTECODE": "1",
+                 "PYTHONNOUSERSITE": "1", "PYTHONPATH": _PROJECT_ROOT, "TRITON_CACHE_DIR": str(build_dir / "triton"),
+                 "CUDA_VISIBLE_DEVICES": str(gpu[0]) if gpu else "", _MARKER: marker}
+        if arch:
+            extra["TORCH_CUDA_ARCH_LIST"] = arch
+        if backend == "triton" and gpu is None:
+            extra["TRITON_INTERPRET"] = "1"
+        t0 = time.monotonic()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "sandbox.worker", stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(workdir),
+                env=scrubbed_env(extra), start_new_session=True)
+        except OSError as exc:
+            return _StepOutcome(None, detail=f"could not start the worker: {exc}")
+        self._live.add(proc)
+        watch: dict[str, str] = {}
+        watchdog = asyncio.ensure_future(self._watch(proc, cfg, use_as, watch))
+        try:
+            stdout, stderr = await asyncio.wait_for(proc.communicate(json.dumps(req).encode()), timeout=limit_s)
+        except asyncio.TimeoutError:
+            watch.setdefault("reason", "timeout")
+            stdout, stderr = b"", b""
+        finally:
+            watchdog.cancel()
+            self._kill_group(proc)
+            await asyncio.to_thread(_sweep_marker, marker)
+            self._live.discard(proc)
+        wall = time.monotonic() - t0
+        if "reason" in watch:
+            return _StepOutcome(None, killed_for=watch["reason"], detail=watch.get("detail", ""), wall_s=wall)
+        try:
+            line = stdout.decode("utf-8", "replace").strip().splitlines()[-1]
+            return _StepOutcome(json.loads(line), wall_s=wall)
+        except (IndexError, json.JSONDecodeError):
+            detail = f"worker exit code {proc.returncode}; stderr: {stderr.decode('utf-8', 'replace')[-500:]}"
+            return _StepOutcome(None, detail=detail, wall_s=wall)
+
+    async def _watch(self, proc: asyncio.subprocess.Process, cfg: EvalConfig, rlimit_as: bool,
+                     watch: dict[str, str]) -> None:
+        """Kill the worker's group when it forks too much or (without RLIMIT_AS) uses too much memory."""
+        while True:
+            await asyncio.sleep(0.25)
+            count, rss = await asyncio.to_thread(_tree_usage, proc.pid)
+            if count > cfg.max_processes:
+                watch.update(reason="processes",
+                             detail=f"more than {cfg.max_processes} processes (a fork bomb?): killed")
+            elif not rlimit_as and rss > cfg.memory_limit_bytes:
+                watch.update(reason="memory", detail=f"resident memory {rss / 2**30:.1f} GiB over the limit "
+                                                     f"{cfg.memory_limit_bytes / 2**30:.1f} GiB: killed")
+            else:
+                continue
+            self._kill_group(proc)
+            return
+
+    @staticmethod
+    def _kill_group(proc: asyncio.subprocess.Process) -> None:
+        # The worker leads its own session; killing its group kills the PID-namespace init with it,
+        # and the kernel then kills everything left in the namespace.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    # --- small helpers ------------------------------------------------------------------------
+
+    async def _gpu_list(self) -> list[tuple[int, str]]:
+        if self._gpus is None:
+            found = await asyncio.to_thread(detect_gpus)
+            if self.cfg.gpu_ids:
+                caps = dict(found)
+                found = [(i, caps.get(i, "")) for i in self.cfg.gpu_ids]
+            self._gpus = found
+            self._free_gpus = asyncio.Queue()
+            for g in found:
+                self._free_gpus.put_nowait(g)
+        return self._gpus
+
+    async def _torch(self) -> str:
+        if self._torch_version is None:
+            import torch
+
+            self._torch_version = torch.__version__
+        return self._torch_version
+
+    def _load_ref_ms(self, tkey: str) -> float | None:
+        path = self.cache / "refs" / f"{tkey}.json"
+        if path.exists():
+            value = float(json.loads(path.read_text())["ref_runtime_ms"])
+            self._ref_ms[tkey] = value
+            self._stats["ref_cache_hits"] += 1
+            return value
+        return None
+
+    def _store_ref_ms(self, tkey: str, ms: float) -> None:
+        self._ref_ms[tkey] = ms
+        (self.cache / "refs" / f"{tkey}.json").write_text(json.dumps({"ref_runtime_ms": ms}))
+
+
+def _needs_compile_step(src: str) -> bool:
+    # Only C++/CUDA builds are worth a process of their own; Triton compiles at first call.
+    return "cpp_extension" in src or "load_inline" in src
+
+
+def _safe(key: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", key)[:40]
+
+
+def _tree_usage(pid: int) -> tuple[int, int]:
+    try:
+        root = psutil.Process(pid)
+        procs = [root] + root.children(recursive=True)
+    except psutil.Error:
+        return 0, 0
+    rss = 0
+    for p in procs:
+        try:
+            rss += p.memory_info().rss
+        except psutil.Error:
+            continue
+    return len(procs), rss
+
+
+def _sweep_marker(marker: str) -> None:
+    """Kill processes that escaped the group (double fork + setsid) but still carry the marker."""
+    needle = f"{_MARKER}={marker}".encode()
+    me = os.getpid()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue

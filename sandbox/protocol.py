@@ -1,0 +1,291 @@
+"""The evaluation protocol, one function per step (KernelBench-eval style).
+
+These functions run inside a sandbox worker process (sandbox/worker.py decides which process runs
+which step). Clocks are captured when this module is imported, which the worker does before any
+candidate code is loaded: a candidate that replaces ``time.perf_counter`` or ``torch.cuda.Event``
+changes nothing here.
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import math
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Sequence
+
+import torch
+
+_perf_counter = time.perf_counter
+_CudaEvent = torch.cuda.Event
+_cuda_synchronize = torch.cuda.synchronize
+_manual_seed = torch.manual_seed
+_no_grad = torch.no_grad
+
+
+class StepError(Exception):
+    """A protocol step failed; ``kind`` is one of sandbox.result.ERROR_KINDS."""
+
+    def __init__(self, kind: str, message: str, stage: str):
+        super().__init__(message)
+        self.kind, self.message, self.stage = kind, message, stage
+
+
+# --- load / build -------------------------------------------------------------------------------
+
+def load_module(source: str, name: str, directory: str | Path) -> ModuleType:
+    """Import ``source`` as module ``name`` from its own file in ``directory`` (tracebacks show lines)."""
+    path = Path(directory) / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _is_build_failure(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__}: {exc}"
+    markers = ("Error building extension", "ninja: build stopped", "CalledProcessError",
+               "CompilationError", "nvcc", "error: ")
+    return any(m in text for m in markers)
+
+
+def build_candidate(source: str, directory: str | Path, name: str = "candidate") -> ModuleType:
+    """Load the candidate; ``load_inline`` calls at import time compile here. Needs ``ModelNew``."""
+    try:
+        compile(source, f"{name}.py", "exec")
+    except SyntaxError as exc:
+        raise StepError("load_error", f"SyntaxError: {exc}", "load") from exc
+    try:
+        module = load_module(source, name, directory)
+    except MemoryError as exc:
+        raise StepError("memory_limit", "MemoryError while loading the candidate", "compile") from exc
+    except BaseException as exc:  # noqa: BLE001 - SystemExit from untrusted code is a verdict too
+        kind = "compile_error" if _is_build_failure(exc) else "load_error"
+        raise StepError(kind, describe_exception(exc), "compile" if kind == "compile_error" else "load") from exc
+    if not isinstance(getattr(module, "ModelNew", None), type):
+        raise StepError("load_error", "the candidate defines no class ModelNew", "load")
+    return module
+
+
+def load_task(source: str, directory: str | Path) -> ModuleType:
+    """Load the reference; a task without Model/get_inputs/get_init_inputs is the task's fault."""
+    try:
+        module = load_module(source, "reference_task", directory)
+    except BaseException as exc:  # noqa: BLE001
+        raise StepError("reference_error", f"task source failed to load: {describe_exception(exc)}", "load") from exc
+    for attr in ("Model", "get_inputs", "get_init_inputs"):
+        if not hasattr(module, attr):
+            raise StepError("reference_error", f"task source defines no {attr}", "load")
+    return module
+
+
+def describe_exception(exc: BaseException, limit: int = 2000) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= limit else text[: limit // 2] + "\n...\n" + text[-limit // 2:]
+
+
+# --- inputs, models, poisoning ------------------------------------------------------------------
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    _manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % (2**32))
+    except ImportError:
+        pass
+
+
+def to_device(x: Any, device: str) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_device(v, device) for v in x)
+    return x
+
+
+def make_inputs(task: ModuleType, seed: int, device: str) -> list[Any]:
+    """Trial inputs: drawn on the host from ``seed`` (identical in every process), then moved."""
+    seed_everything(seed)
+    return [to_device(x, device) for x in task.get_inputs()]
+
+
+def clone_inputs(inputs: Sequence[Any]) -> list[Any]:
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def make_model(cls: type, task: ModuleType, seed: int, device: str) -> torch.nn.Module:
+    """Same seed before both constructors, so Model and ModelNew draw the same parameters."""
+    seed_everything(seed)
+    init = [to_device(x, device) for x in task.get_init_inputs()]
+    model = cls(*init)
+    if isinstance(model, torch.nn.Module):
+        model = model.to(device)
+    return model
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def prepare_host_allocator() -> None:
+    """Keep freed host blocks in the heap (glibc), so poisoned memory is what ``torch.empty`` gets."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, 32 * 1024 * 1024)
+        libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+    except (OSError, AttributeError):
+        pass
+
+
+def poison_memory(nbytes: int, device: str) -> None:
+    """Fill and free ``nbytes`` with NaN: an output left unwritten reads as NaN, not as a stale answer."""
+    if nbytes <= 0:
+        return
+    for chunk in _chunks(nbytes, 16 * 1024 * 1024 if device == "cpu" else nbytes):
+        buf = torch.empty(max(chunk // 4, 1), dtype=torch.float32, device=device)
+        buf.fill_(float("nan"))
+        del buf
+    if device.startswith("cuda"):
+        _cuda_synchronize()
+
+
+def _chunks(total: int, size: int) -> list[int]:
+    return [min(size, total - i) for i in range(0, total, size)]
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        _cuda_synchronize()  # the whole device: work the candidate queued on side streams included
+
+
+def outputs_as_list(out: Any, who: str) -> list[torch.Tensor]:
+    items = list(out) if isinstance(out, (tuple, list)) else [out]
+    for i, item in enumerate(items):
+        if not isinstance(item, torch.Tensor):
+            raise StepError("wrong_output", f"{who} output {i} is a {type(item).__name__}, expected a tensor",
+                            "correctness")
+    return items
+
+
+def run_once(model: Callable, inputs: Sequence[Any], device: str, who: str) -> list[torch.Tensor]:
+    """Forward, wait for the device, and copy the outputs at once (later writes cannot change them)."""
+    with _no_grad():
+        out = model(*inputs)
+        synchronize(device)
+        outs = outputs_as_list(out, who)
+        copied = [t.detach().to("cpu", copy=True) for t in outs]
+        synchronize(device)
+    return copied
+
+
+# --- correctness --------------------------------------------------------------------------------
+
+@dataclass
+class Mismatch:
+    which_output: int | None
+    message: str
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+
+
+def tolerance_for(dtype: torch.dtype, tolerance: dict[str, Any]) -> tuple[float, float]:
+    if not dtype.is_floating_point and not dtype.is_complex:
+        return 0.0, 0.0
+    name = str(dtype).removeprefix("torch.")
+    tol = tolerance.get(name, tolerance["float32"])
+    return float(tol["atol"]), float(tol["rtol"])
+
+
+def compare_outputs(new: list[torch.Tensor], ref: list[torch.Tensor], tolerance: dict[str, Any]) -> Mismatch | None:
+    """None when every output matches; otherwise the first wrong output and how it is wrong."""
+    if len(new) != len(ref):
+        return Mismatch(None, f"candidate returned {len(new)} outputs, the reference {len(ref)}")
+    worst_abs = worst_rel = 0.0
+    for i, (n, r) in enumerate(zip(new, ref)):
+        if tuple(n.shape) != tuple(r.shape):
+            return Mismatch(i, f"output {i}: shape {tuple(n.shape)}, expected {tuple(r.shape)}")
+        if n.dtype != r.dtype:
+            return Mismatch(i, f"output {i}: dtype {n.dtype}, expected {r.dtype}")
+        if n.numel() == 0:
+            continue
+        nf, rf = n.double(), r.double()
+        bad_new = ~torch.isfinite(nf) & torch.isfinite(rf)
+        diff = (nf - rf).abs()
+        diff = torch.where(torch.isfinite(rf) | torch.isfinite(nf), diff, torch.zeros_like(diff))
+        abs_err = float(diff.nan_to_num(nan=math.inf).max())
+        rel_err = float((diff / rf.abs().clamp_min(1e-12)).nan_to_num(nan=math.inf).max())
+        worst_abs, worst_rel = max(worst_abs, abs_err), max(worst_rel, rel_err)
+        if bool(bad_new.any()):
+            count = int(bad_new.sum())
+            return Mismatch(i, f"output {i}: {count} NaN/Inf values where the reference is finite",
+                            abs_err, rel_err)
+        atol, rtol = tolerance_for(r.dtype, tolerance)
+        if not torch.allclose(nf, rf, atol=atol, rtol=rtol, equal_nan=True):
+            return Mismatch(i, f"output {i}: max abs error {abs_err:.3g}, max rel error {rel_err:.3g} "
+                               f"(atol {atol:g}, rtol {rtol:g})", abs_err, rel_err)
+    return None
+
+
+def max_errors(new: list[torch.Tensor], ref: list[torch.Tensor]) -> tuple[float, float]:
+    """Largest absolute and relative error over all outputs (for a passing trial's record)."""
+    worst_abs = worst_rel = 0.0
+    for n, r in zip(new, ref):
+        if n.numel() == 0:
+            continue
+        d = (n.double() - r.double()).abs()
+        worst_abs = max(worst_abs, float(d.max()))
+        worst_rel = max(worst_rel, float((d / r.double().abs().clamp_min(1e-12)).max()))
+    return worst_abs, worst_rel
+
+
+# --- timing -------------------------------------------------------------------------------------
+
+def time_model(model: Callable, input_sets: Sequence[Sequence[Any]], device: str, warmup: int, runs: int,
+               flush_bytes: int) -> list[float]:
+    """Per-run milliseconds after ``warmup`` runs; caches flushed and inputs rotated between runs.
+
+    On CUDA the end event is recorded after a device-wide synchronise, so kernels the candidate
+    queues on other streams are inside the measured interval.
+    """
+    cuda = device.startswith("cuda")
+    flush = torch.empty(max(flush_bytes, 1), dtype=torch.uint8, device=device) if flush_bytes > 0 else None
+    times: list[float] = []
+    with _no_grad():
+        for i in range(warmup):
+            model(*input_sets[i % len(input_sets)])
+        synchronize(device)
+        for i in range(runs):
+            inputs = input_sets[i % len(input_sets)]
+            if flush is not None:
+                flush.zero_()
+            synchronize(device)
+            if cuda:
+                start, end = _CudaEvent(enable_timing=True), _CudaEvent(enable_timing=True)
+                start.record()
+                model(*inputs)
+                _cuda_synchronize()
+                end.record()
+                end.synchronize()
+                times.append(float(start.elapsed_time(end)))
+            else:
+                t0 = _perf_counter()
+                model(*inputs)
+                times.append((_perf_counter() - t0) * 1000.0)
+    return times
+
+
+def median_ms(times: Sequence[float]) -> float:
+    return float(statistics.median(times))
+
+
+def speedup_flags(speedup: float | None, bound: float) -> list[str]:
+    return ["excessive_speedup"] if speedup is not None and speedup > bound else []

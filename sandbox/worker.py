@@ -1,0 +1,411 @@
+"""Child process of one evaluation step: ``python -m sandbox.worker`` (JSON request on stdin).
+
+Writes exactly one line on stdout: the result JSON (an EvalResult dict plus internal keys).
+
+Three processes, so that no candidate code shares an address space with the verdict:
+
+* outer (this module's ``main``): applies limits, namespaces and Landlock, then forks the harness
+  and keeps the tail of everything the harness and the candidate print (spam costs nothing).
+* harness (PID 1 of its own PID namespace where allowed: when it exits, every process left in the
+  namespace is killed): loads the task; in ``compile`` mode imports the candidate (``load_inline``
+  builds into the content-addressed build dir); in ``run`` mode forks the candidate process, then,
+  after the candidate has produced its outputs, computes the reference itself, compares, and
+  times the reference. The reference never runs in a process the candidate has touched, so a
+  candidate that patches torch, reads memory or replaces clocks cannot change the reference.
+* candidate (``run`` mode): loads the cached build, runs the trials on its own copy of the inputs
+  (same seeds), saves the outputs, and on the harness's word times itself with clocks captured
+  before its code was imported.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sandbox import isolation
+
+_MAX_RESULT_BYTES = 4 * 1024 * 1024
+
+
+def main() -> int:
+    req = json.loads(sys.stdin.read())
+    t0 = time.monotonic()
+    workdir = req["workdir"]
+    os.chdir(workdir)
+    applied = ["own_session"] if os.getsid(0) == os.getpid() else []
+    lim = req["limits"]
+    applied += ["rlimit_" + n.removeprefix("rlimit_") for n in isolation.set_rlimits(
+        lim["memory_bytes"], lim["open_files"], lim["processes"], lim["cpu_s"], lim["file_size_bytes"])]
+    iso = req["isolation"]
+    applied += isolation.unshare_namespaces(network=iso["network"], pids=iso["pids"])
+    if iso["writes"]:
+        writable = [workdir, req["build_dir"], "/dev/shm"]
+        applied += isolation.restrict_writes(writable, ["/dev"], block_tcp=iso["network"])
+    log_r, log_w = os.pipe()
+    res_r, res_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # harness
+        os.close(log_r)
+        os.close(res_r)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(log_w, 1)
+        os.dup2(log_w, 2)
+        os.close(log_w)
+        try:
+            result = harness(req, res_w)
+        except BaseException as exc:  # noqa: BLE001 - the outer process must always get a verdict
+            result = {"stage": "load", "error_kind": "sandbox_error", "error": f"harness failed: {exc!r}"}
+        _write_all(res_w, json.dumps(result).encode())
+        os._exit(0)
+    os.close(log_w)
+    os.close(res_w)
+    tail, raw, status = _pump(log_r, res_r, pid, int(req.get("tail_bytes", 8192)))
+    result = _parse_result(raw, status)
+    result["isolation"] = sorted(set(applied + result.get("isolation", [])))
+    result.setdefault("wall_s", {})["worker_total"] = round(time.monotonic() - t0, 3)
+    result["log_tail"] = tail.decode("utf-8", "replace")
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _pump(log_fd: int, res_fd: int, pid: int, tail_bytes: int) -> tuple[bytes, bytes, int]:
+    """Read the log (keeping its tail) and the result until the harness has exited."""
+    tail, raw = bytearray(), bytearray()
+    status: int | None = None
+    fds = [log_fd, res_fd]
+    while True:
+        ready, _, _ = select.select(fds, [], [], 0.2)
+        for fd in ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                fds.remove(fd)
+            elif fd == log_fd:
+                tail += chunk
+                del tail[:-tail_bytes]
+            elif len(raw) < _MAX_RESULT_BYTES:
+                raw += chunk
+        if status is None:
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = st
+        if status is not None and (not fds or not ready):
+            # a leftover process may still hold the log pipe open: do not wait for it
+            return bytes(tail), bytes(raw), status
+
+
+def _parse_result(raw: bytes, status: int) -> dict[str, Any]:
+    if raw:
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            pass
+    how = describe_status(status)
+    kind = "memory_limit" if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL else "runtime_error"
+    return {"stage": "load", "error_kind": kind, "error": f"the evaluation process {how} without a verdict"}
+
+
+def describe_status(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = str(sig)
+        return f"was killed by {name}"
+    return f"exited with code {os.WEXITSTATUS(status)}"
+
+
+# --- harness ------------------------------------------------------------------------------------
+
+def harness(req: dict[str, Any], res_fd: int) -> dict[str, Any]:
+    import torch
+
+    from sandbox import protocol  # captures the clocks: before any candidate code
+
+    torch.set_num_threads(int(req["cpu_threads"]))
+    protocol.prepare_host_allocator()
+    base = {"backend": req["backend"], "device": req["device"], "trials": int(req["trials"])}
+    try:
+        if req["mode"] == "compile":
+            return {**base, **_compile_step(req)}
+        return {**base, **_run_step(req, res_fd)}
+    except protocol.StepError as exc:
+        return {**base, "stage": exc.stage, "error_kind": exc.kind, "error": exc.message}
+
+
+def _compile_step(req: dict[str, Any]) -> dict[str, Any]:
+    from sandbox import build, protocol
+
+    wanted: list[list[str]] = []
+    build.install_build_hooks(req["build_dir"], req.get("pch_root"), wanted)
+    t = time.perf_counter()
+    try:
+        protocol.build_candidate(req["candidate_src"], req["workdir"])
+    except protocol.StepError as exc:
+        return {"stage": exc.stage, "error_kind": exc.kind, "error": exc.message,
+                "wall_s": {"compile": round(time.perf_counter() - t, 3)}}
+    return {"stage": "compile", "compiled": True, "pch_wanted": wanted,
+            "wall_s": {"compile": round(time.perf_counter() - t, 3)}}
+
+
+def _memory_or_runtime(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".lower()
+    if isinstance(exc, MemoryError) or "out of memory" in text or "can't allocate memory" in text \
+            or "outofmemory" in text or "cannot allocate memory" in text:
+        return "memory_limit"
+    return "runtime_error"
+
+
+class _Channel:
+    """Newline-delimited JSON over a pipe, with a deadline on reads."""
+
+    def __init__(self, rfd: int | None = None, wfd: int | None = None):
+        self.rfd, self.wfd, self.buf = rfd, wfd, b""
+
+    def send(self, obj: Any) -> None:
+        assert self.wfd is not None
+        _write_all(self.wfd, (json.dumps(obj) + "\n").encode())
+
+    def recv(self, deadline: float | None) -> Any:
+        assert self.rfd is not None
+        while b"\n" not in self.buf:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([self.rfd], [], [], left)
+            if not ready:
+                raise TimeoutError
+            chunk = os.read(self.rfd, 1 << 20)
+            if not chunk:
+                raise EOFError
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+
+def _run_step(req: dict[str, Any], res_fd: int) -> dict[str, Any]:
+    from sandbox import protocol
+
+    workdir = Path(req["workdir"])
+    task = protocol.load_task(req["task_src"], workdir)
+    to_harness_r, to_harness_w = os.pipe()
+    to_cand_r, to_cand_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(res_fd)
+        os.close(to_harness_r)
+        os.close(to_cand_w)
+        _candidate_process(req, task, _Channel(to_cand_r, to_harness_w))
+        os._exit(0)
+    os.close(to_harness_w)
+    os.close(to_cand_r)
+    chan = _Channel(to_harness_r, to_cand_w)
+    deadline = time.monotonic() + float(req["timeout_s"])
+    result: dict[str, Any] = {"stage": "correctness", "compiled": False}
+    try:
+        msg = _await(chan, deadline, pid, "correctness")
+        result["wall_s"] = dict(msg.get("wall_s", {}))
+        if not msg.get("ok"):
+            result.update(stage=msg["stage"], error_kind=msg["kind"], error=msg["error"],
+                          compiled=msg["stage"] not in ("load", "compile"))
+            return result
+        result["compiled"] = True
+        verdict = _check(req, task, workdir / "candidate_outputs.pt")
+        result["wall_s"]["check"] = verdict.pop("wall_s_check", 0.0)
+        result.update(verdict)
+        if not verdict["correct"] or not req["timed"]:
+            chan.send("stop")
+            result["stage"] = "done" if verdict["correct"] else "correctness"
+            return result
+        chan.send("time")
+        result["stage"] = "timing"
+        msg = _await(chan, deadline, pid, "timing")
+        if not msg.get("ok"):
+            result.update(correct=False, error_kind=msg["kind"], error=msg["error"])
+            return result
+        result["wall_s"]["timing"] = msg["wall_s"]["timing"]
+        new_ms = protocol.median_ms(msg["times"])
+        _reap(pid)
+        ref_ms = req.get("ref_runtime_ms")
+        if ref_ms is None:
+            t = time.perf_counter()
+            ref_ms = _time_reference(req, task)
+            result["wall_s"]["ref_timing"] = round(time.perf_counter() - t, 3)
+        speedup = ref_ms / new_ms if new_ms > 0 else float("inf")
+        result.update(stage="done", timed=True, new_runtime_ms=new_ms, ref_runtime_ms=ref_ms,
+                      speedup=speedup, flags=protocol.speedup_flags(speedup, float(req["excessive_speedup"])))
+        return result
+    except _CandidateLost as lost:
+        result.update(correct=False, error_kind=lost.kind, error=lost.message, stage=lost.stage)
+        return result
+    finally:
+        _kill(pid)
+
+
+class _CandidateLost(Exception):
+    def __init__(self, kind: str, message: str, stage: str):
+        super().__init__(message)
+        self.kind, self.message, self.stage = kind, message, stage
+
+
+def _await(chan: _Channel, deadline: float, pid: int, stage: str) -> dict[str, Any]:
+    try:
+        msg = chan.recv(deadline)
+        if not isinstance(msg, dict):
+            raise _CandidateLost("runtime_error", "the candidate process sent a malformed message", stage)
+        return msg
+    except TimeoutError:
+        _kill(pid)
+        raise _CandidateLost("timeout", f"the candidate ran past the run time limit during {stage}", stage) from None
+    except (EOFError, json.JSONDecodeError, UnicodeDecodeError):
+        status = _reap(pid)
+        how = describe_status(status) if status is not None else "vanished"
+        kind = "runtime_error"
+        if status is not None and os.WIFSIGNALED(status) and os.WTERMSIG(status) in (signal.SIGXCPU,):
+            kind = "timeout"
+        raise _CandidateLost(kind, f"the candidate process {how} during {stage}", stage) from None
+
+
+def _reap(pid: int) -> int | None:
+    try:
+        _, status = os.waitpid(pid, 0)
+        return status
+    except ChildProcessError:
+        return None
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+def _check(req: dict[str, Any], task: Any, outputs_path: Path) -> dict[str, Any]:
+    """Reference on the same seeded inputs, in this (clean) process; compare trial by trial."""
+    import torch
+
+    from sandbox import protocol
+
+    t = time.perf_counter()
+    try:
+        outputs = torch.load(outputs_path, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - the candidate process wrote (or failed to write) it
+        return {"correct": False, "error_kind": "runtime_error",
+                "error": f"candidate outputs unreadable: {protocol.describe_exception(exc, 300)}"}
+    device, seed, trials = req["device"], int(req["seed"]), int(req["trials"])
+    if not isinstance(outputs, list) or len(outputs) != trials:
+        return {"correct": False, "error_kind": "runtime_error", "error": "candidate outputs incomplete"}
+    try:
+        ref_model = protocol.make_model(task.Model, task, seed, device)
+    except Exception as exc:  # noqa: BLE001
+        raise protocol.StepError("reference_error", f"Model(): {protocol.describe_exception(exc)}", "correctness")
+    worst_abs = worst_rel = 0.0
+    for i in range(trials):
+        inputs = protocol.make_inputs(task, seed + 1 + i, device)
+        try:
+            ref = protocol.run_once(ref_model, inputs, device, "reference")
+        except Exception as exc:  # noqa: BLE001
+            raise protocol.StepError("reference_error", f"reference forward: {protocol.describe_exception(exc)}",
+                                     "correctness")
+        new = outputs[i]
+        if not isinstance(new, list) or not all(isinstance(x, torch.Tensor) for x in new):
+            return {"correct": False, "error_kind": "runtime_error", "error": "candidate outputs malformed"}
+        bad = protocol.compare_outputs(new, ref, req["tolerance"])
+        if bad is not None:
+            return {"correct": False, "error_kind": "wrong_output", "error": f"trial {i}: {bad.message}",
+                    "which_output": bad.which_output, "max_abs_err": bad.max_abs_err,
+                    "max_rel_err": bad.max_rel_err, "trials_passed": i,
+                    "wall_s_check": round(time.perf_counter() - t, 3)}
+        a, r = protocol.max_errors(new, ref)
+        worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, r)
+    return {"correct": True, "trials_passed": trials, "max_abs_err": worst_abs, "max_rel_err": worst_rel,
+            "wall_s_check": round(time.perf_counter() - t, 3)}
+
+
+def _timing_inputs(req: dict[str, Any], task: Any) -> list[list[Any]]:
+    from sandbox import protocol
+
+    seed = int(req["seed"]) + 1000
+    return [protocol.make_inputs(task, seed + k, req["device"]) for k in range(int(req["input_sets"]))]
+
+
+def _time_reference(req: dict[str, Any], task: Any) -> float:
+    from sandbox import protocol
+
+    try:
+        model = protocol.make_model(task.Model, task, int(req["seed"]), req["device"])
+        times = protocol.time_model(model, _timing_inputs(req, task), req["device"], int(req["warmup"]),
+                                    int(req["runs"]), int(req["flush_bytes"]))
+    except Exception as exc:  # noqa: BLE001
+        raise protocol.StepError("reference_error", f"reference timing: {protocol.describe_exception(exc)}", "timing")
+    return protocol.median_ms(times)
+
+
+# --- candidate process --------------------------------------------------------------------------
+
+def _candidate_process(req: dict[str, Any], task: Any, chan: _Channel) -> None:
+    import torch
+
+    from sandbox import build, protocol
+
+    device, seed = req["device"], int(req["seed"])
+    stage = "load"
+    wall: dict[str, float] = {}
+    try:
+        build.install_build_hooks(req["build_dir"], req.get("pch_root"), [])
+        t = time.perf_counter()
+        module = protocol.build_candidate(req["candidate_src"], req["workdir"])
+        wall["load"] = round(time.perf_counter() - t, 3)
+        stage = "correctness"
+        t = time.perf_counter()
+        model = protocol.make_model(module.ModelNew, task, seed, device)
+        outputs = []
+        for i in range(int(req["trials"])):
+            inputs = protocol.clone_inputs(protocol.make_inputs(task, seed + 1 + i, device))
+            protocol.poison_memory(int(req["poison_bytes"]), device)
+            outputs.append(protocol.run_once(model, inputs, device, "candidate"))
+        torch.save(outputs, Path(req["workdir"]) / "candidate_outputs.pt")
+        wall["correctness"] = round(time.perf_counter() - t, 3)
+    except protocol.StepError as exc:
+        _report_and_exit(chan, {"ok": False, "kind": exc.kind, "error": exc.message,
+                                "stage": exc.stage if exc.stage != "correctness" else stage, "wall_s": wall})
+    except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt from candidate code too
+        _report_and_exit(chan, {"ok": False, "kind": _memory_or_runtime(exc), "stage": stage, "wall_s": wall,
+                                "error": protocol.describe_exception(exc)})
+    chan.send({"ok": True, "wall_s": wall})
+    if chan.recv(None) != "time":
+        os._exit(0)
+    try:
+        t = time.perf_counter()
+        times = protocol.time_model(model, _timing_inputs(req, task), device, int(req["warmup"]),
+                                    int(req["runs"]), int(req["flush_bytes"]))
+        chan.send({"ok": True, "times": times, "wall_s": {"timing": round(time.perf_counter() - t, 3)}})
+    except BaseException as exc:  # noqa: BLE001
+        _report_and_exit(chan, {"ok": False, "kind": _memory_or_runtime(exc), "stage": "timing",
+                                "error": protocol.describe_exception(exc)})
+    os._exit(0)
+
+
+def _report_and_exit(chan: _Channel, msg: dict[str, Any]) -> None:
+    try:
+        chan.send(msg)
+    finally:
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
