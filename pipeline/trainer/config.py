@@ -25,7 +25,7 @@ class TrainerConfig:
     attn_implementation: str = MISSING  # auto | sdpa | eager | flash_attention_2
     reshard_after_forward: bool = MISSING
     backend: str = MISSING          # auto | gloo | nccl (auto: nccl on GPU, gloo on CPU)
-    weight_bucket_mb: int = MISSING # weight export bucket size (object store / broadcast)
+    weight_bucket_mb: float = MISSING  # weight export bucket size (object store, IPC, broadcast)
     export_dtype: str = MISSING     # auto | bfloat16 | float32: dtype of weights pushed to samplers
     seed: int = MISSING
     init_timeout_s: float = MISSING # process-group rendezvous timeout

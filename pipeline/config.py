@@ -1,0 +1,116 @@
+"""Root configuration: one typed tree composed by Hydra from conf/ (defaults live only there).
+
+The root dataclass composes every group's schema and is registered in Hydra's ConfigStore as
+``config_schema``; ``conf/config.yaml`` lists it first in its defaults, so a key that no schema
+declares, or a value of the wrong type, stops the run at composition with Hydra's message naming
+the full key. :func:`check` adds the semantic checks a type cannot express.
+
+Sizes that differ between a laptop and a cluster are written ``${sized:laptop_value,full_value}``
+in the experiment files. ``profile=auto`` picks ``laptop`` when no GPU is visible and
+``model.path=tiny`` (the embedded default), ``full`` otherwise; ``profile=laptop|full`` forces it.
+A value given on the command line replaces the interpolation, so overrides always win.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, OmegaConf
+
+from pipeline.algorithms.config import AlgorithmConfig
+from pipeline.checkpoint import CheckpointConfig
+from pipeline.evaluate import EvaluateConfig
+from pipeline.loop import MODES, PipelineConfig
+from pipeline.metrics import LoggerConfig
+from pipeline.models.config import ModelConfig
+from pipeline.pools import ResourcesConfig
+from pipeline.rollout import RolloutConfig
+from pipeline.trainer.config import TrainerConfig
+from rewards.config import RewardConfig
+from sandbox.config import EvalConfig
+
+PROFILES = ("auto", "laptop", "full")
+
+
+@dataclass
+class ToyEnvConfig:
+    """rewards.toy.ToyEnv (env=toy): a reward a tiny random model learns in a few steps."""
+
+    target: str = MISSING
+    n_tasks: int = MISSING
+    n_holdout: int = MISSING
+    delay_s: float = MISSING
+
+
+@dataclass
+class Config:
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    sandbox: EvalConfig = field(default_factory=EvalConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    toy: ToyEnvConfig = field(default_factory=ToyEnvConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    env: str = MISSING          # kernel | toy: which RewardEnv the samplers build
+    name: str = MISSING         # run name (run dir, W&B run)
+    profile: str = MISSING      # auto | laptop | full
+    resume: str = MISSING       # auto | never | <checkpoint dir>
+
+
+def resolved_profile(root: Any) -> str:
+    p = root.profile
+    if p not in PROFILES:
+        raise ValueError(f"profile={p!r}: expected one of {PROFILES}")
+    if p != "auto":
+        return p
+    import torch
+
+    return "laptop" if (not torch.cuda.is_available() and root.model.path == "tiny") else "full"
+
+
+def _sized(laptop: Any, full: Any, *, _root_: Any) -> Any:
+    return laptop if resolved_profile(_root_) == "laptop" else full
+
+
+def register() -> None:
+    """Schema into the ConfigStore, ``${sized:...}`` resolver into OmegaConf (idempotent)."""
+    if not OmegaConf.has_resolver("sized"):
+        OmegaConf.register_new_resolver("sized", _sized)
+    ConfigStore.instance().store(name="config_schema", node=Config)
+
+
+def check(cfg: Any) -> None:
+    """Semantic checks across groups; each message names the keys."""
+    errors = []
+    if cfg.pipeline.mode not in MODES:
+        errors.append(f"pipeline.mode={cfg.pipeline.mode!r}: expected one of {MODES}")
+    if cfg.pipeline.steps < 1:
+        errors.append(f"pipeline.steps={cfg.pipeline.steps}: expected >= 1")
+    if cfg.pipeline.tasks_per_batch < 1:
+        errors.append(f"pipeline.tasks_per_batch={cfg.pipeline.tasks_per_batch}: expected >= 1")
+    if cfg.rollout.turns < 1:
+        errors.append(f"rollout.turns={cfg.rollout.turns}: expected >= 1")
+    if cfg.rollout.n_trajectories < 1:
+        errors.append(f"rollout.n_trajectories={cfg.rollout.n_trajectories}: expected >= 1")
+    a = cfg.algorithm
+    if a.clip_ratio_high < a.clip_ratio_low:
+        errors.append(f"algorithm.clip_ratio_high={a.clip_ratio_high} < algorithm.clip_ratio_low="
+                      f"{a.clip_ratio_low}: the upper clip must be at least the lower one")
+    if a.ppo_mini_batches < 1:
+        errors.append(f"algorithm.ppo_mini_batches={a.ppo_mini_batches}: expected >= 1")
+    if a.micro_batch_tokens < 1:
+        errors.append(f"algorithm.micro_batch_tokens={a.micro_batch_tokens}: expected >= 1")
+    if cfg.env not in ("kernel", "toy"):
+        errors.append(f"env={cfg.env!r}: expected kernel or toy")
+    if cfg.trainer.optim.lr <= 0:
+        errors.append(f"trainer.optim.lr={cfg.trainer.optim.lr}: expected > 0")
+    if not 0 <= cfg.trainer.optim.warmup_ratio < 1:
+        errors.append(f"trainer.optim.warmup_ratio={cfg.trainer.optim.warmup_ratio}: expected in [0, 1)")
+    if errors:
+        raise ValueError("invalid configuration:\n  " + "\n  ".join(errors))

@@ -1,0 +1,156 @@
+"""Entry point: ``python -m pipeline.main +experiment=kernel_multiturn [key=value ...]``.
+
+Composes the typed config (pipeline/config.py + conf/), starts or joins Ray, splits it into the
+sampler and trainer pools, builds samplers (engine + reward env per worker), the FSDP2 trainer,
+the weight sync and the logger, then runs the step loop. ``-m`` sweeps run one job after the
+other, each with its own run dir, W&B run and Ray session.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline import checkpoint
+from pipeline.config import Config, check, register, resolved_profile
+
+register()
+
+
+def make_kernel_env(reward_cfg: Any, sandbox_cfg: Any) -> Any:
+    """Built inside each sampler actor: the kernel env and its own evaluation pool."""
+    from rewards.env import KernelEnv
+
+    return KernelEnv.from_config(reward_cfg, sandbox_cfg)
+
+
+def env_spec(cfg: Config) -> Any:
+    if cfg.env == "toy":
+        return {"_target_": "rewards.toy.ToyEnv", "target": cfg.toy.target,
+                "n_tasks": cfg.toy.n_tasks, "n_holdout": cfg.toy.n_holdout,
+                "delay_s": cfg.toy.delay_s}
+    return functools.partial(make_kernel_env, cfg.reward, cfg.sandbox)
+
+
+def banner(cfg: DictConfig, profile: str) -> str:
+    r, p = cfg.rollout, cfg.pipeline
+    size = (f"{p.tasks_per_batch} tasks x {r.n_trajectories} trajectories x {r.turns} turns per "
+            f"batch, {p.steps} steps, max response {r.max_response_length} tokens")
+    if profile == "laptop":
+        return (f"[pipeline] laptop profile (no GPU visible and model.path=tiny): tiny random "
+                f"Qwen2, {cfg.env} env on the {cfg.reward.backend if cfg.env == 'kernel' else 'toy'} "
+                f"backend, {size}, mode={p.mode}. On a cluster: model=local model.path=<HF dir> "
+                "resources=<split> (or profile=full).")
+    return f"[pipeline] full profile: model.path={cfg.model.path}, {size}, mode={p.mode}."
+
+
+class Session:
+    """Everything one job builds; ``close`` tears it down in reverse order."""
+
+    def __init__(self, cfg: Config, run_dir: Path, resolved: dict[str, Any]) -> None:
+        from pipeline.algorithms import build_train_batch, rollout_metrics
+        from pipeline.loop import Loop, LoopParts
+        from pipeline.metrics import MetricsLogger
+        from pipeline.models.load import load_tokenizer
+        from pipeline.pools import create_pools, init_ray
+        from pipeline.rollout_config import max_response_length, response_length_at
+        from pipeline.sampler import SamplerPool
+        from pipeline.trainer import TrainerGroup
+        from pipeline.weight_sync import WeightSync, choose_transport
+
+        self.closers: list[Any] = []
+        env_vars = {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+        init_ray(cfg.resources, runtime_env={"env_vars": env_vars})
+        import ray
+
+        self.closers.append(ray.shutdown)
+        pools = create_pools(cfg.resources)
+        self.closers.append(pools.remove)
+        shared = pools.plan.colocated
+
+        ckpt_root = run_dir / cfg.checkpoint.dir
+        resume_dir = checkpoint.resolve_resume(cfg.resume, ckpt_root)
+        state: dict[str, Any] = {}
+        if resume_dir is not None:
+            state = checkpoint.load_loop_state(resume_dir)
+            checkpoint.set_rng_state(state["rng"])
+            print(f"[pipeline] resuming from {resume_dir} at step {state['step'] + 1}", file=sys.stderr)
+        self.start_step = state.get("step", -1) + 1
+
+        samplers = SamplerPool(cfg.model, cfg.rollout, env_spec(cfg), pool=pools.sampler,
+                               gpu_memory_fraction=cfg.resources.sampler.gpu_memory_fraction
+                               if shared else None, env_vars=env_vars)
+        self.closers.append(samplers.shutdown)
+        a = cfg.algorithm
+        pad_len = max_response_length(cfg.rollout)
+        trainer = TrainerGroup(
+            pools.trainer, cfg.model, cfg.trainer, a, pad_len, cfg.rollout.temperature,
+            total_optim_steps=cfg.pipeline.steps * a.ppo_mini_batches,
+            gpu_memory_fraction=cfg.resources.trainer.gpu_memory_fraction if shared else None,
+            resume_dir=str(resume_dir) if resume_dir else None, env_vars=env_vars)
+        self.closers.append(trainer.shutdown)
+        on_gpu = cfg.resources.trainer.gpus > 0
+        sync = WeightSync(trainer, samplers, choose_transport(cfg.pipeline.weight_sync, shared, on_gpu))
+        tokenizer = load_tokenizer(cfg.model)
+        tasks = ray.get(samplers.workers[0].tasks.remote(cfg.pipeline.task_split))
+        self.logger = MetricsLogger(cfg.logger, run_dir, run_name=f"{cfg.name}",
+                                    resolved_config=resolved, resume=resume_dir is not None,
+                                    start_step=self.start_step)
+        self.closers.append(self.logger.close)
+        rollout = cfg.rollout
+        parts = LoopParts(
+            samplers=samplers, trainer=trainer, weight_sync=sync, tasks=tasks,
+            build_batch=lambda samples, step: build_train_batch(
+                samples, a, response_length_at(rollout, step), tokenizer.pad_token_id),
+            rollout_metrics=lambda samples: rollout_metrics(samples, a),
+            response_length=lambda step: response_length_at(rollout, step),
+            expected_samples=cfg.pipeline.tasks_per_batch * rollout.n_trajectories * rollout.turns,
+            logger=self.logger, run_dir=run_dir, checkpoint_cfg=cfg.checkpoint,
+            decode=lambda ids: tokenizer.decode(ids[-200:]))
+        self.loop = Loop(cfg.pipeline, parts, cfg.logger.timeline_every, start_step=self.start_step,
+                         version=state.get("version", 0), pending=state.get("pending"))
+
+    def close(self) -> None:
+        for fn in reversed(self.closers):
+            try:
+                fn()
+            except Exception as e:  # teardown goes on: the next sweep job needs a clean Ray
+                print(f"[pipeline] teardown: {type(e).__name__}: {e}", file=sys.stderr)
+
+
+def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, float]:
+    """One job: returns the last step's metrics (empty when the run was already complete)."""
+    run_dir = Path(run_dir)
+    profile = resolved_profile(cfg)
+    print(banner(cfg, profile), file=sys.stderr, flush=True)
+    OmegaConf.resolve(cfg)
+    resolved = OmegaConf.to_container(cfg)
+    conf: Config = OmegaConf.to_object(cfg)
+    check(conf)
+    session = Session(conf, run_dir, resolved)
+    try:
+        if session.start_step >= conf.pipeline.steps:
+            print(f"[pipeline] {run_dir} already holds all {conf.pipeline.steps} steps", file=sys.stderr)
+            return {}
+        history = asyncio.run(session.loop.run())
+        return history[-1] if history else {}
+    finally:
+        session.close()
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> float:
+    last = run(cfg, HydraConfig.get().runtime.output_dir)
+    return float(last.get("reward/mean", 0.0))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()
