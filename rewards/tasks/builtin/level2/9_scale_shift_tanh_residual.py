@@ -5,7 +5,7 @@ import torch.nn as nn
 BATCH = 8192
 DIM = 4096
 # Small sizes for CPU runs (the loader substitutes them for profile 'cpu').
-CPU_SIZES = {"BATCH": 64, "DIM": 256}
+CPU_SIZES = {"BATCH": 256, "DIM": 1024}
 
 
 class Model(nn.Module):
