@@ -79,8 +79,12 @@ def _processes_of_user() -> int:
 
 
 def unshare_namespaces(network: bool, pids: bool) -> list[str]:
-    """New network and PID namespaces (as root, or through a user namespace). Returns what was made."""
-    flags = (_CLONE_NEWNET if network else 0) | (_CLONE_NEWPID if pids else 0)
+    """New network and PID namespaces (as root, or through a user namespace). Returns what was made.
+
+    With a PID namespace comes a mount namespace, so the first child can mount its own /proc
+    (:func:`mount_private_proc`): the host's processes, and their environments, are then invisible.
+    """
+    flags = (_CLONE_NEWNET if network else 0) | ((_CLONE_NEWPID | _CLONE_NEWNS) if pids else 0)
     if not flags:
         return []
     uid, gid = os.getuid(), os.getgid()
@@ -92,8 +96,20 @@ def unshare_namespaces(network: bool, pids: bool) -> list[str]:
     if network:
         made.append("netns")
     if pids:
-        made.append("pidns")
+        made += ["pidns", "mountns"]
     return made
+
+
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
+
+
+def mount_private_proc() -> list[str]:
+    """In the PID namespace's first process: a /proc that shows only this namespace."""
+    if _libc.mount(None, b"/", None, ctypes.c_ulong(_MS_REC | _MS_PRIVATE), None) != 0:
+        return []
+    if _libc.mount(b"proc", b"/proc", b"proc", ctypes.c_ulong(_MS_NOSUID | _MS_NODEV | _MS_NOEXEC), None) != 0:
+        return []
+    return ["private_proc"]
 
 
 def _map_own_ids(uid: int, gid: int) -> None:

@@ -42,16 +42,23 @@ def main() -> int:
     applied += ["rlimit_" + n.removeprefix("rlimit_") for n in isolation.set_rlimits(
         lim["memory_bytes"], lim["open_files"], lim["processes"], lim["cpu_s"], lim["file_size_bytes"])]
     iso = req["isolation"]
-    applied += isolation.unshare_namespaces(network=iso["network"], pids=iso["pids"])
-    if iso["writes"]:
-        writable = [workdir, req["build_dir"], "/dev/shm"]
-        applied += isolation.restrict_writes(writable, ["/dev"], block_tcp=iso["network"])
+    namespaces = isolation.unshare_namespaces(network=iso["network"], pids=iso["pids"])
+    applied += namespaces
     log_r, log_w = os.pipe()
     res_r, res_w = os.pipe()
+    conf_r, conf_w = os.pipe()  # the harness reports the measures it applied itself
     pid = os.fork()
     if pid == 0:  # harness
         os.close(log_r)
         os.close(res_r)
+        os.close(conf_r)
+        # Mounting must precede Landlock (a Landlock domain may not mount).
+        inner = isolation.mount_private_proc() if "mountns" in namespaces else []
+        if iso["writes"]:
+            writable = [workdir, req["build_dir"], "/dev/shm"]
+            inner += isolation.restrict_writes(writable, ["/dev"], block_tcp=iso["network"])
+        _write_all(conf_w, json.dumps(inner).encode())
+        os.close(conf_w)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(log_w, 1)
@@ -65,6 +72,10 @@ def main() -> int:
         os._exit(0)
     os.close(log_w)
     os.close(res_w)
+    os.close(conf_w)
+    with os.fdopen(conf_r, "rb") as f:
+        inner_raw = f.read()
+    applied += json.loads(inner_raw) if inner_raw else []
     tail, raw, status = _pump(log_r, res_r, pid, int(req.get("tail_bytes", 8192)))
     result = _parse_result(raw, status)
     result["isolation"] = sorted(set(applied + result.get("isolation", [])))
