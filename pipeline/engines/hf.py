@@ -96,6 +96,11 @@ class HFEngine:
             return Generation.failed("empty prompt", self.version)
         if params.max_tokens < 1:
             return Generation.failed(f"max_tokens={params.max_tokens}: expected >= 1", self.version)
+        vocab = self.model.get_input_embeddings().num_embeddings
+        bad = [t for t in prompt_ids if not 0 <= t < vocab]
+        if bad:  # an out-of-range embedding index would poison a CUDA context for every request
+            return Generation.failed(f"prompt token id {bad[0]} outside the vocabulary (size {vocab})",
+                                     self.version)
         self._start()
         assert self._sem is not None and self._has_work is not None
         async with self._sem:

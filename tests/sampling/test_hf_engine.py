@@ -32,8 +32,8 @@ async def test_logprobs_match_a_teacher_forced_forward_pass(engine, tiny):
     for p, g in zip(prompts, gens):
         assert g.finish_reason in ("stop", "length") and len(g.logprobs) == len(g.token_ids) > 0
         with torch.no_grad():
-            logits = engine.model(torch.tensor([p + g.token_ids])).logits[0, len(p) - 1:-1]
-        ref = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(g.token_ids)[:, None])[:, 0]
+            logits = engine.model(torch.tensor([p + g.token_ids], device=engine.device)).logits[0, len(p) - 1:-1]
+        ref = torch.log_softmax(logits.float().cpu(), -1).gather(1, torch.tensor(g.token_ids)[:, None])[:, 0]
         assert torch.allclose(ref, torch.tensor(g.logprobs), atol=1e-4), (ref, g.logprobs)
 
 
@@ -42,8 +42,8 @@ async def test_logprobs_are_of_logits_over_temperature(engine, tiny):
     p = _prompts(tok, 1)[0]
     g = await engine.generate(p, SamplingParams(temperature=0.5, max_tokens=6))
     with torch.no_grad():
-        logits = engine.model(torch.tensor([p + g.token_ids])).logits[0, len(p) - 1:-1]
-    ref = torch.log_softmax(logits.float() / 0.5, -1).gather(1, torch.tensor(g.token_ids)[:, None])[:, 0]
+        logits = engine.model(torch.tensor([p + g.token_ids], device=engine.device)).logits[0, len(p) - 1:-1]
+    ref = torch.log_softmax(logits.float().cpu() / 0.5, -1).gather(1, torch.tensor(g.token_ids)[:, None])[:, 0]
     assert torch.allclose(ref, torch.tensor(g.logprobs), atol=1e-4)
 
 
@@ -83,7 +83,7 @@ async def test_load_weights_changes_outputs_and_restores_them(engine, tiny):
     prompts = _prompts(tok, 3)
     greedy = SamplingParams(temperature=0.0, max_tokens=10)
     before = [g.token_ids for g in await asyncio.gather(*[engine.generate(p, greedy) for p in prompts])]
-    original = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    original = {k: v.detach().cpu().clone() for k, v in engine.model.state_dict().items()}
     other, _ = build_tiny(load_model_config("tiny", ["tiny.seed=7"]).tiny)
     engine.load_weights(other.state_dict().items(), version=3)
     after = await asyncio.gather(*[engine.generate(p, greedy) for p in prompts])
@@ -98,7 +98,7 @@ async def test_load_weights_changes_outputs_and_restores_them(engine, tiny):
 async def test_engine_errors_become_error_generations_and_it_recovers(engine, tiny):
     _, _, tok = tiny
     bad = await engine.generate([10**6], SamplingParams(max_tokens=4))  # id beyond the vocabulary
-    assert bad.finish_reason == "error" and "generation failed" in bad.error
+    assert bad.finish_reason == "error" and "outside the vocabulary (size 512)" in bad.error
     engine.sleep()
     asleep = await engine.generate(_prompts(tok, 1)[0], SamplingParams(max_tokens=4))
     assert asleep.finish_reason == "error" and "EngineAsleep" in asleep.error
