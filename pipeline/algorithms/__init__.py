@@ -1,0 +1,17 @@
+"""GRPO+ for multi-turn episodes: returns, group advantages, filters, the policy loss and the
+training batch, as functions on tensors and ``Sample`` lists (no Ray, engines or kernels)."""
+from pipeline.algorithms.advantages import group_advantages
+from pipeline.algorithms.batch import TrainBatch, build_train_batch, group_id
+from pipeline.algorithms.batching import balance_across_ranks, micro_batches
+from pipeline.algorithms.config import AlgorithmConfig, check_algorithm_config
+from pipeline.algorithms.filters import ZeroAdvantageGroups, overlong_loss_mask, zero_advantage_groups
+from pipeline.algorithms.health import reasoning_starts_with, rollout_metrics
+from pipeline.algorithms.losses import clip_fractions, policy_loss, tis_weights
+from pipeline.algorithms.returns import multi_turn_returns
+
+__all__ = [
+    "AlgorithmConfig", "TrainBatch", "ZeroAdvantageGroups", "balance_across_ranks", "build_train_batch",
+    "check_algorithm_config", "clip_fractions", "group_advantages", "group_id", "micro_batches",
+    "multi_turn_returns", "overlong_loss_mask", "policy_loss", "reasoning_starts_with",
+    "rollout_metrics", "tis_weights", "zero_advantage_groups",
+]
