@@ -429,9 +429,9 @@ class EvalPool:
 
     async def _torch(self) -> str:
         if self._torch_version is None:
-            import torch
+            from importlib.metadata import version  # no torch import in the event loop's process
 
-            self._torch_version = torch.__version__
+            self._torch_version = version("torch")
         return self._torch_version
 
     def _load_ref_ms(self, tkey: str) -> float | None:

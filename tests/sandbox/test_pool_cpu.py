@@ -1,0 +1,66 @@
+"""The cpu backend end to end: real g++ builds through load_inline, real worker processes.
+
+Cold builds in this module: add (correct), rowsum (off by one), a compile error, and one variant
+for the cache/dedupe test. Everything else hits the session cache.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from sandbox.pool import EvalPool
+from tests.sandbox.conftest import fixture_source
+
+ADD = fixture_source("tasks/add.py")
+ADD_CPP = fixture_source("answers/add_cpp_correct.py")
+ROWSUM = fixture_source("tasks/rowsum.py")
+ROWSUM_OBO = fixture_source("answers/rowsum_cpp_off_by_one.py")
+
+
+async def test_correct_cpp_openmp_answer_is_correct_and_timed(sandbox_cfg):
+    async with EvalPool(sandbox_cfg) as pool:
+        res = await pool.evaluate(ADD, ADD_CPP, "cpu", key="add-cpp")
+    assert res.correct and res.error_kind is None, res
+    assert res.compiled and res.stage == "done"
+    assert res.trials_passed == res.trials == sandbox_cfg.correctness_trials
+    assert res.timed and res.ref_runtime_ms > 0 and res.new_runtime_ms > 0
+    assert abs(res.speedup - res.ref_runtime_ms / res.new_runtime_ms) < 1e-9
+    assert res.max_abs_err == 0.0
+
+
+async def test_off_by_one_reduction_is_wrong_output_with_its_error(sandbox_cfg):
+    async with EvalPool(sandbox_cfg) as pool:
+        res = await pool.evaluate(ROWSUM, ROWSUM_OBO, "cpu")
+    assert res.compiled and not res.correct, res
+    assert res.error_kind == "wrong_output" and res.which_output == 0
+    assert res.max_abs_err > 1e-3 and res.trials_passed == 0
+    assert not res.timed and res.speedup is None
+
+
+async def test_a_cpp_compile_error_is_reported_and_cached(sandbox_cfg):
+    broken = ADD_CPP.replace("po[i] = pa[i] + pb[i];", "po[i] = pa[i] + undeclared_thing;")
+    async with EvalPool(sandbox_cfg) as pool:
+        first = await pool.evaluate(ADD, broken, "cpu")
+        again = await pool.evaluate(ADD, broken, "cpu")
+    assert first.error_kind == "compile_error" and not first.compiled, first
+    assert "undeclared_thing" in first.error or "undeclared_thing" in first.log_tail
+    assert again.error_kind == "compile_error" and again.cache_hit
+
+
+async def test_identical_concurrent_candidates_build_once_and_repeat_is_a_fast_cache_hit(sandbox_cfg):
+    variant = ADD_CPP + "\n# cache-test variant\n"
+    cfg = dataclasses.replace(sandbox_cfg, max_concurrent=3)
+    async with EvalPool(cfg) as pool:
+        a, b = await asyncio.gather(pool.evaluate(ADD, variant, "cpu"), pool.evaluate(ADD, variant, "cpu"))
+        c = await pool.evaluate(ADD, variant, "cpu")
+        stats = pool.stats()
+    assert a.correct and b.correct and c.correct, (a, b, c)
+    assert stats["compiles"] == 1, stats
+    assert stats["deduplicated_builds"] == 1 and stats["cache_hits"] >= 1, stats
+    assert sorted([a.cache_hit, b.cache_hit]) == [False, True]
+    assert c.cache_hit
+    cold = max(a.wall_s["total"], b.wall_s["total"])
+    assert c.wall_s["total"] < cold / 3, (c.wall_s, cold)
+    assert stats["compile_s_p50"] > 0 and stats["evals_per_min"] > 0
+    # the reference timing of this task was measured once and then reused
+    assert c.ref_runtime_ms == a.ref_runtime_ms or c.ref_runtime_ms == b.ref_runtime_ms

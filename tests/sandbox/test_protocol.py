@@ -1,0 +1,50 @@
+"""The comparison and timing functions on their own (in-process, no sandbox)."""
+import math
+
+import torch
+
+from sandbox import protocol
+
+TOL = {"float32": {"atol": 1e-4, "rtol": 1e-4}, "float16": {"atol": 1e-2, "rtol": 1e-2},
+       "bfloat16": {"atol": 1e-2, "rtol": 1e-2}}
+
+
+def test_matching_outputs_pass():
+    x = torch.randn(4, 5)
+    assert protocol.compare_outputs([x.clone()], [x], TOL) is None
+
+
+def test_tolerance_is_per_dtype():
+    ref = torch.ones(8, dtype=torch.float16)
+    close = ref + 5e-3
+    assert protocol.compare_outputs([close], [ref], TOL) is None
+    bad = protocol.compare_outputs([close.float()], [ref.float()], TOL)
+    assert bad is not None and bad.which_output == 0 and math.isclose(bad.max_abs_err, 5e-3, rel_tol=0.05)
+
+
+def test_shape_dtype_count_and_nan_are_reported_with_the_output_index():
+    a, b = torch.zeros(3), torch.zeros(3)
+    assert "shape" in protocol.compare_outputs([a, torch.zeros(4)], [a, b], TOL).message
+    assert protocol.compare_outputs([a, torch.zeros(4)], [a, b], TOL).which_output == 1
+    assert "dtype" in protocol.compare_outputs([a.double()], [a], TOL).message
+    assert "outputs" in protocol.compare_outputs([a], [a, b], TOL).message
+    nan = torch.tensor([0.0, float("nan"), 0.0])
+    assert "NaN" in protocol.compare_outputs([nan], [a], TOL).message
+
+
+def test_poisoned_memory_is_what_an_unwritten_output_reads():
+    protocol.prepare_host_allocator()
+    protocol.poison_memory(4 * 2**20, "cpu")
+    stale = torch.empty(64 * 1024)
+    assert torch.isnan(stale).any()
+
+
+def test_cpu_timing_returns_one_positive_time_per_run():
+    model = torch.nn.ReLU()
+    times = protocol.time_model(model, [[torch.randn(64, 64)], [torch.randn(64, 64)]], "cpu", 1, 4, 1 << 20)
+    assert len(times) == 4 and all(t > 0 for t in times)
+
+
+def test_speedups_above_the_bound_are_flagged():
+    assert protocol.speedup_flags(50.0, 10.0) == ["excessive_speedup"]
+    assert protocol.speedup_flags(2.0, 10.0) == []
