@@ -204,11 +204,14 @@ class VLLMEngine:
         self._inbox.put(("call", fn, {"event": threading.Event()}))
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        weights = list(named_tensors)
+        # in-process (TP 1): the engine thread consumes the payload bucket by bucket, so a
+        # broadcast or object-store transfer never holds a second full copy of the model here;
+        # tensor-parallel workers live in other processes and get a picklable list
+        weights = list(named_tensors) if self.cfg.tensor_parallel_size > 1 else iter(named_tensors)
 
         def reload() -> None:
             self.llm.collective_rpc("reload_weights", kwargs=dict(
-                weights_iterator=iter(weights), is_checkpoint_format=True))
+                weights_iterator=weights, is_checkpoint_format=True))
             self.llm.reset_prefix_cache()  # cached prompt KV came from the old weights
 
         self._call(reload)
