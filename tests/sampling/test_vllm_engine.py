@@ -85,7 +85,8 @@ async def test_load_weights_changes_outputs_and_restores_them(setup):
         return [g.token_ids for g in await asyncio.gather(*[engine.generate(p, greedy) for p in prompts])]
 
     before = await run()
-    engine.load_weights(load_file(f"{other}/model.safetensors").items(), version=1)
+    # a generator, as weight_sync's receiver yields buckets: consumed on the engine thread
+    engine.load_weights(((k, v) for k, v in load_file(f"{other}/model.safetensors").items()), version=1)
     after = await run()
     engine.load_weights(load_file(f"{path}/model.safetensors").items(), version=2)
     restored = await run()
@@ -109,3 +110,22 @@ async def test_multi_turn_episodes_on_vllm(setup):
     assert len(batch.samples) == 2 * 4 * 2 and batch.stats.n_errors == 0
     assert min(s.t_eval_end for s in batch.samples) < max(s.t_gen_end for s in batch.samples)
     print("vLLM engine stats", engine.stats(), batch.stats.metrics())
+
+
+async def test_sampler_worker_builds_vllm_from_the_tiny_config(setup):
+    """SamplerWorker in-process (no Ray here): tiny model -> temporary HF dir -> vLLM -> samples."""
+    from pipeline.engines.vllm import VLLMEngine
+    from pipeline.rollout import BatchStats
+    from pipeline.sampler import SamplerWorker
+
+    *_, cfg = setup
+    cfg = load_rollout_config("vllm", VLLM + ["engine.vllm.enable_sleep_mode=false"])  # one
+    # sleep-mode (CuMem) engine per process: the module's engine has it
+    worker = SamplerWorker(load_model_config("tiny", ARCH), cfg,
+                           {"_target_": "rewards.toy.ToyEnv", "n_tasks": 1}, gpu_memory_fraction=0.2)
+    assert isinstance(worker.engine, VLLMEngine)
+    items = [x async for x in worker.generate(3, worker.tasks("train"), 0)]
+    samples, stats = items[:-1], items[-1]
+    assert isinstance(stats, BatchStats) and stats.n_samples == len(samples) == 4 * 2
+    assert all(s.step == 3 and s.error is None and s.logprobs for s in samples)
+    await worker.aclose()
