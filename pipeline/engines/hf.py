@@ -122,6 +122,10 @@ class HFEngine:
         while True:
             await self._has_work.wait()
             await asyncio.sleep(self.batch_wait_s)  # let callers of the same moment join
+            self._pending = [r for r in self._pending if not r.future.done()]  # timed-out callers
+            if not self._pending:
+                self._has_work.clear()
+                continue
             key = self._pending[0].params.batch_key()
             batch = [r for r in self._pending if r.params.batch_key() == key][: self.max_batch_size]
             taken = {id(r) for r in batch}
