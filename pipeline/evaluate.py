@@ -10,7 +10,7 @@ in ``evaluate.ks``, best@k / avg@k of correctness and speedup, and fast_p. Write
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import copy
 import json
 import sys
 from dataclasses import dataclass, field
@@ -62,12 +62,18 @@ def evaluation_metrics(samples: list[Sample], turns: int, ks: list[int],
     return out
 
 
+def _replace(node: Any, **values: Any) -> Any:
+    node = copy.deepcopy(node)
+    for k, v in values.items():
+        setattr(node, k, v)
+    return node
+
+
 async def _collect(pool: Any, tasks: list[Any]) -> list[Sample]:
     return [s async for s in pool.generate(0, tasks, 0)]
 
 
 def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, float]:
-    from pipeline.config import Config
     from pipeline.main import env_spec
     from pipeline.pools import init_ray, plan_pools
     from pipeline.sampler import SamplerPool
@@ -75,7 +81,7 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, float]:
     import ray
 
     OmegaConf.resolve(cfg)
-    conf: Config = OmegaConf.to_object(cfg)
+    conf: Any = cfg  # typed at composition; unused groups may hold MISSING values
     ev = conf.evaluate
     bad = [k for k in ev.ks if k < 1 or k > ev.k]
     if bad:
@@ -86,11 +92,11 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, float]:
         if not model_dir.is_dir():
             raise FileNotFoundError(f"evaluate.checkpoint={ev.checkpoint}: expected a checkpoint "
                                     f"directory with model/ (HF format) inside")
-        model_cfg = dataclasses.replace(model_cfg, path=str(model_dir))
-    rollout = dataclasses.replace(conf.rollout, n_trajectories=ev.k,
-                                  temperature=ev.temperature if ev.temperature is not None
-                                  else conf.rollout.temperature)
-    init_ray(conf.resources)
+        model_cfg = _replace(model_cfg, path=str(model_dir))
+    rollout = _replace(conf.rollout, n_trajectories=ev.k,
+                       temperature=ev.temperature if ev.temperature is not None
+                       else conf.rollout.temperature)
+    started = init_ray(conf.resources)
     try:
         plan = plan_pools(conf.resources, ray.cluster_resources())
         pool = SamplerPool(model_cfg, rollout, env_spec(conf), n_workers=plan.n_samplers,
@@ -106,7 +112,8 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, float]:
         finally:
             pool.shutdown()
     finally:
-        ray.shutdown()
+        if started:
+            ray.shutdown()
     metrics = evaluation_metrics(samples, rollout.turns, list(ev.ks), list(ev.fast_ps))
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -55,6 +55,14 @@ class Session:
     """Everything one job builds; ``close`` tears it down in reverse order."""
 
     def __init__(self, cfg: Config, run_dir: Path, resolved: dict[str, Any]) -> None:
+        self.closers: list[Any] = []
+        try:
+            self._build(cfg, run_dir, resolved)
+        except BaseException:
+            self.close()  # whatever was started is stopped again: a sweep's next job starts clean
+            raise
+
+    def _build(self, cfg: Config, run_dir: Path, resolved: dict[str, Any]) -> None:
         from pipeline.algorithms import build_train_batch, rollout_metrics
         from pipeline.loop import Loop, LoopParts
         from pipeline.metrics import MetricsLogger
@@ -65,12 +73,11 @@ class Session:
         from pipeline.trainer import TrainerGroup
         from pipeline.weight_sync import WeightSync, choose_transport
 
-        self.closers: list[Any] = []
         env_vars = {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
-        init_ray(cfg.resources, runtime_env={"env_vars": env_vars})
         import ray
 
-        self.closers.append(ray.shutdown)
+        if init_ray(cfg.resources, runtime_env={"env_vars": env_vars}):
+            self.closers.append(ray.shutdown)
         pools = create_pools(cfg.resources)
         self.closers.append(pools.remove)
         shared = pools.plan.colocated
@@ -132,7 +139,9 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, float]:
     print(banner(cfg, profile), file=sys.stderr, flush=True)
     OmegaConf.resolve(cfg)
     resolved = OmegaConf.to_container(cfg)
-    conf: Config = OmegaConf.to_object(cfg)
+    # typed and validated at composition; kept as a DictConfig because groups the run does not use
+    # may hold MISSING values (e.g. rollout.engine.vllm under the hf engine)
+    conf: Any = cfg
     check(conf)
     session = Session(conf, run_dir, resolved)
     try:

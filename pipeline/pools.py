@@ -225,17 +225,19 @@ def create_pools(cfg: ResourcesConfig) -> Pools:
     return Pools(plan, groups["sampler"], groups["trainer"])
 
 
-def init_ray(cfg: ResourcesConfig, runtime_env: dict[str, Any] | None = None) -> None:
-    """Start (or join) Ray as the config says; a local cluster may oversubscribe CPUs."""
+def init_ray(cfg: ResourcesConfig, runtime_env: dict[str, Any] | None = None) -> bool:
+    """Start (or join) Ray as the config says; a local cluster may oversubscribe CPUs.
+    Returns False when Ray was already initialised in this process (the caller then leaves it
+    running: it is not theirs to shut down)."""
     import os
 
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     if cfg.ray.address:
         ray.init(address=cfg.ray.address, runtime_env=runtime_env, log_to_driver=True)
-        return
+        return True
     cpus = cfg.ray.num_cpus
     if cpus is None:
         cpus = max(1, math.ceil((os.cpu_count() or 1) * cfg.ray.cpu_oversubscribe))
@@ -243,3 +245,4 @@ def init_ray(cfg: ResourcesConfig, runtime_env: dict[str, Any] | None = None) ->
     if cfg.ray.num_gpus is not None:
         kw["num_gpus"] = cfg.ray.num_gpus
     ray.init(**kw)
+    return True

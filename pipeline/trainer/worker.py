@@ -198,8 +198,9 @@ class TrainerWorker:
                 w = micro_weight(self.algo.loss_agg_mode, seqs, toks, global_seqs[m], global_tokens[m])
                 # FSDP averages gradients over ranks: scale by world size to get the sum
                 (loss * (w * self.world_size)).backward()
-                for k, v in {"actor/loss": loss, **metrics}.items():
-                    sums[k] = sums.get(k, 0.0) + float(v) * w / len(plan.mini_batches)
+                for k, v in {"actor/loss": loss.detach(), **metrics}.items():
+                    v = float(v.detach()) if torch.is_tensor(v) else float(v)
+                    sums[k] = sums.get(k, 0.0) + v * w / len(plan.mini_batches)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.algo.grad_clip)
             if hasattr(grad_norm, "full_tensor"):
                 grad_norm = grad_norm.full_tensor()
@@ -322,7 +323,7 @@ def _with_path(model_cfg: Any, path: str) -> Any:
     import copy
     import dataclasses
 
-    if dataclasses.is_dataclass(model_cfg):
+    if dataclasses.is_dataclass(model_cfg) and not isinstance(model_cfg, type):
         return dataclasses.replace(model_cfg, path=path)
     cfg = copy.deepcopy(model_cfg)
     cfg.path = path
