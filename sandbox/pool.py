@@ -198,6 +198,8 @@ class EvalPool:
 
     async def _run(self, ref_src: str, cand_src: str, backend: str, bkey: str, arch: str, cfg: EvalConfig,
                    eval_dir: Path, eval_id: str, on_gpu: bool, ref_ms: float | None) -> EvalResult:
+        # a run step killed while torch held its build lock would stall every later load
+        await asyncio.to_thread(_remove_stale_batons, self.cache / "builds" / bkey, 120.0)
         gpu: tuple[int, str] | None = None
         if on_gpu:
             assert self._free_gpus is not None
@@ -262,11 +264,8 @@ class EvalPool:
             return {**verdict, "cache_hit": True}
         task = asyncio.ensure_future(self._build(bkey, cand_src, backend, arch, cfg, eval_dir, marker))
         self._building[bkey] = task
-        try:
-            return await asyncio.shield(task)
-        finally:
-            if task.done():
-                self._building.pop(bkey, None)
+        task.add_done_callback(lambda _t: self._building.pop(bkey, None))
+        return await asyncio.shield(task)
 
     async def _build(self, bkey: str, cand_src: str, backend: str, arch: str, cfg: EvalConfig,
                      eval_dir: Path, marker: Path) -> dict[str, Any]:
@@ -276,6 +275,7 @@ class EvalPool:
                 if marker.exists():  # another pool built it while we waited
                     self._stats["cache_hits"] += 1
                     return {**json.loads(marker.read_text()), "cache_hit": True}
+                _remove_stale_batons(self.cache / "builds" / bkey, older_than_s=0.0)
                 req = {"mode": "compile", "candidate_src": cand_src, "backend": backend, "device": "cpu",
                        "trials": cfg.correctness_trials, "cpu_threads": cfg.cpu_threads}
                 t = time.monotonic()
@@ -451,6 +451,17 @@ class EvalPool:
 def _needs_compile_step(src: str) -> bool:
     # Only C++/CUDA builds are worth a process of their own; Triton compiles at first call.
     return "cpp_extension" in src or "load_inline" in src
+
+
+def _remove_stale_batons(build_dir: Path, older_than_s: float) -> None:
+    """torch's FileBaton ('<ext>/lock') survives a killed build and makes the next one wait forever."""
+    now = time.time()
+    for lock in build_dir.glob("*/lock"):
+        try:
+            if now - lock.stat().st_mtime >= older_than_s:
+                lock.unlink()
+        except OSError:
+            continue
 
 
 def _safe(key: str) -> str:

@@ -1,7 +1,7 @@
 """The cpu backend end to end: real g++ builds through load_inline, real worker processes.
 
-Cold builds in this module: add (correct), rowsum (off by one), a compile error, and one variant
-for the cache/dedupe test. Everything else hits the session cache.
+Cold builds in this module: add (correct), rowsum (off by one), one variant for the cache/dedupe
+test (a compile error without torch headers takes a second). Everything else hits the session cache.
 """
 from __future__ import annotations
 
@@ -38,7 +38,11 @@ async def test_off_by_one_reduction_is_wrong_output_with_its_error(sandbox_cfg):
 
 
 async def test_a_cpp_compile_error_is_reported_and_cached(sandbox_cfg):
-    broken = ADD_CPP.replace("po[i] = pa[i] + pb[i];", "po[i] = pa[i] + undeclared_thing;")
+    # No torch header, so g++ fails in a second instead of after parsing torch/extension.h.
+    broken = ("from torch.utils.cpp_extension import load_inline\n"
+              "load_inline('fixture_broken', cpp_sources='int f() { return undeclared_thing; }',\n"
+              "            no_implicit_headers=True)\n"
+              "class ModelNew:\n    pass\n")
     async with EvalPool(sandbox_cfg) as pool:
         first = await pool.evaluate(ADD, broken, "cpu")
         again = await pool.evaluate(ADD, broken, "cpu")
