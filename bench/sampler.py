@@ -1,0 +1,175 @@
+"""Sampler overhead: tokens/s of a generation engine alone, through the episode driver
+(``pipeline.rollout.stream_episodes``, in process) and through a ``SamplerWorker`` Ray actor
+(``SamplerPool``: the whole sampling path the loop uses), on the same requests.
+
+Requests: ``--tasks`` ToyEnv tasks x ``--trajectories``, one turn each, ``--max-tokens`` per
+response, temperature 1. ToyEnv scores in microseconds, so what is measured is the wrappers'
+cost, not an environment's. Overhead = 1 - tokens/s(wrapper) / tokens/s(engine). Target <= 5 %.
+
+    python -m bench.sampler --engine hf --preset tiny --max-tokens 64          # CPU
+    python -m bench.sampler --engine vllm --preset qwen0.5b --max-tokens 512   # the H200
+"""
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from typing import Any
+
+from bench.common import parser, report, target
+
+PRESETS = {
+    "tiny": [],
+    "qwen0.5b": ["tiny.vocab_size=151936", "tiny.hidden_size=896", "tiny.intermediate_size=4864",
+                 "tiny.num_hidden_layers=24", "tiny.num_attention_heads=14", "tiny.num_key_value_heads=2",
+                 "tiny.tie_word_embeddings=true", "tiny.max_position_embeddings=32768"],
+}
+
+
+def configs(args: Any) -> tuple[Any, Any]:
+    from pipeline.models.load import load_model_config
+    from pipeline.rollout_config import load_rollout_config
+
+    model = load_model_config("tiny", PRESETS[args.preset] + [f"dtype={args.dtype}"])
+    over = [f"n_trajectories={args.trajectories}", "turns=1", "temperature=1.0",
+            f"max_response_length={args.max_tokens}", "response_length_schedule=[]",
+            f"engine.max_inflight={args.max_inflight}", f"stream_buffer={args.stream_buffer}"]
+    if args.engine == "vllm":
+        over += [f"engine.vllm.gpu_memory_utilization={args.gpu_memory_utilization}",
+                 f"engine.vllm.max_model_len={args.max_model_len}", "engine.vllm.enable_sleep_mode=false"]
+    else:
+        over += [f"engine.hf.max_batch_size={args.hf_batch}"]
+    return model, load_rollout_config(args.engine, over)
+
+
+def toy_tasks(n: int) -> tuple[Any, list[Any]]:
+    from rewards.toy import ToyEnv
+
+    env = ToyEnv(n_tasks=n)
+    return env, env.tasks("train")
+
+
+async def engine_alone(engine: Any, tokenizer: Any, env: Any, tasks: list[Any], rollout: Any) -> tuple[int, float]:
+    from pipeline.engines import SamplingParams
+    from pipeline.rollout import build_prompt
+
+    params = SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
+                            max_tokens=rollout.max_response_length)
+    prompts = [build_prompt(tokenizer, env.messages(t, [])) for t in tasks for _ in range(rollout.n_trajectories)]
+    t0 = time.perf_counter()
+    gens = await asyncio.gather(*[engine.generate(p, params) for p in prompts])
+    wall = time.perf_counter() - t0
+    return sum(len(g.token_ids) for g in gens), wall
+
+
+async def through_rollout(engine: Any, tokenizer: Any, env: Any, tasks: list[Any], rollout: Any,
+                          step: int) -> tuple[int, float]:
+    from pipeline.rollout import stream_episodes
+
+    t0 = time.perf_counter()
+    tokens = 0
+    async for s in stream_episodes(engine, tokenizer, env, tasks, step, 0, rollout):
+        tokens += len(s.response_ids)
+    return tokens, time.perf_counter() - t0
+
+
+async def through_worker(pool: Any, tasks: list[Any], step: int) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    tokens = 0
+    async for s in pool.generate(step, tasks, 0):
+        tokens += len(s.response_ids)
+    return tokens, time.perf_counter() - t0
+
+
+def best(runs: list[tuple[int, float]]) -> dict[str, float]:
+    tps = [n / w for n, w in runs if w > 0]
+    i = max(range(len(tps)), key=tps.__getitem__)
+    return {"tokens": runs[i][0], "wall_s": runs[i][1], "tokens_per_s": tps[i],
+            "tokens_per_s_median": sorted(tps)[len(tps) // 2]}
+
+
+async def in_process(args: Any, model_cfg: Any, rollout: Any) -> list[dict[str, Any]]:
+    from pipeline.engines import make_engine
+    from pipeline.models.load import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(model_cfg)
+    engine = make_engine(rollout.engine, model, tokenizer)
+    env, tasks = toy_tasks(args.tasks)
+    rows = []
+    try:
+        await engine_alone(engine, tokenizer, env, tasks[:1], rollout)  # warm-up
+        alone = [await engine_alone(engine, tokenizer, env, tasks, rollout) for _ in range(args.repeats)]
+        rows.append({"path": "engine", **best(alone)})
+        wrapped = [await through_rollout(engine, tokenizer, env, tasks, rollout, i) for i in range(args.repeats)]
+        rows.append({"path": "rollout (in process)", **best(wrapped)})
+    finally:
+        await engine.aclose()
+        del engine, model
+        gc.collect()
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except Exception:
+            pass
+    return rows
+
+
+async def in_worker(args: Any, model_cfg: Any, rollout: Any) -> dict[str, Any]:
+    from pipeline.sampler import SamplerPool
+
+    import torch
+
+    gpus = 1.0 if torch.cuda.is_available() else 0.0
+    env_spec = {"_target_": "rewards.toy.ToyEnv", "n_tasks": args.tasks}
+    pool = SamplerPool(model_cfg, rollout, env_spec, n_workers=1, num_cpus=1, num_gpus=gpus)
+    try:
+        _, tasks = toy_tasks(args.tasks)
+        await through_worker(pool, tasks[:1], 0)  # warm-up
+        runs = [await through_worker(pool, tasks, i + 1) for i in range(args.repeats)]
+        return {"path": "SamplerWorker (Ray actor)", **best(runs)}
+    finally:
+        pool.shutdown()
+
+
+def main() -> None:
+    p = parser(__doc__.split("\n\n")[0])
+    p.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--tasks", type=int, default=4)
+    p.add_argument("--trajectories", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--max-inflight", type=int, default=256)
+    p.add_argument("--stream-buffer", type=int, default=256)
+    p.add_argument("--hf-batch", type=int, default=32)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.35)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    args = p.parse_args()
+
+    import ray
+
+    model_cfg, rollout = configs(args)
+    rows = asyncio.run(in_process(args, model_cfg, rollout))
+    import torch
+
+    ray.init(num_cpus=4, num_gpus=1 if torch.cuda.is_available() else 0, include_dashboard=False,
+             log_to_driver=True)
+    try:
+        rows.append(asyncio.run(in_worker(args, model_cfg, rollout)))
+    finally:
+        ray.shutdown()
+    base = rows[0]["tokens_per_s"]
+    for r in rows:
+        r["overhead"] = 1.0 - r["tokens_per_s"] / base
+    worst = max(r["overhead"] for r in rows[1:])
+    extra = {"engine": args.engine, "preset": args.preset,
+             "requests": args.tasks * args.trajectories, "max_tokens": args.max_tokens,
+             "target_overhead_le_5pct": target(worst <= 0.05)}
+    report("sampler", args, rows, extra)
+
+
+if __name__ == "__main__":
+    main()

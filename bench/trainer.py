@@ -1,0 +1,203 @@
+"""Trainer throughput: tokens/s and MFU of one training step of a random-init Qwen2, padded rows
+against packed rows, the model wrapped the way pipeline.trainer.worker wraps it (fp32 master
+weights, FSDP2 ``fully_shard`` per decoder layer with a bf16 compute policy, AdamW).
+
+Only real tokens count: padding is paid for but not credited. FLOPs of a sequence of length n:
+6 * N_matmul * n (forward + backward of every linear layer, lm_head included, embedding lookup
+not) + 6 * layers * hidden * n^2 (causal attention scores and values, forward + backward).
+MFU = achieved FLOP/s over a peak (--peak-tflops, default the H200's 989 dense bf16 datasheet
+figure); the run also measures a large bf16 matmul on the same GPU and reports MFU against it.
+
+    python -m bench.trainer --preset qwen0.5b --out runs/bench/trainer.json      # the H200
+    python -m bench.trainer --preset cpu-small --out runs/bench/trainer_cpu.json # a laptop
+"""
+from __future__ import annotations
+
+import os
+import random
+import time
+from typing import Any
+
+import torch
+
+from bench.common import parser, report, target
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Qwen2.5-0.5B's shape
+    "qwen0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                     num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
+    "cpu-small": dict(vocab_size=4096, hidden_size=128, intermediate_size=352, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
+}
+
+
+def build_model(arch: dict[str, Any], device: torch.device, attn: str) -> torch.nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(**arch, max_position_embeddings=32768, architectures=["Qwen2ForCausalLM"])
+    cfg._attn_implementation = attn
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(cfg).to(torch.float32)
+    model.config.use_cache = False
+    on_gpu = device.type == "cuda"
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if on_gpu else torch.float32,
+                                  reduce_dtype=torch.float32)
+    mesh = init_device_mesh(device.type, (1,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    model.train()
+    return model
+
+
+def matmul_params(model: torch.nn.Module) -> int:
+    """Weights that take part in a matmul per token: every nn.Linear (lm_head too, even tied)."""
+    return sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def make_micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
+    """Greedy in arrival order: rows join a micro-batch while its *padded* size fits the budget,
+    so padded and packed see the same rows per micro-batch and differ only in layout."""
+    out: list[list[int]] = [[]]
+    for n in lengths:
+        cur = out[-1]
+        if cur and max(cur + [n]) * (len(cur) + 1) > budget:
+            out.append([])
+        out[-1].append(n)
+    return out
+
+
+def layout(lens: list[int], vocab: int, packed: bool, device: torch.device) -> dict[str, torch.Tensor]:
+    seqs = [torch.randint(0, vocab, (n,)) for n in lens]
+    if packed:
+        ids = torch.cat(seqs)[None]
+        pos = torch.cat([torch.arange(n) for n in lens])[None]
+        labels = torch.cat([torch.cat([s[1:], torch.tensor([-100])]) for s in seqs])[None]
+        return {"input_ids": ids.to(device), "position_ids": pos.to(device), "labels": labels.to(device)}
+    L = max(lens)
+    ids = torch.zeros(len(lens), L, dtype=torch.long)
+    mask = torch.zeros(len(lens), L, dtype=torch.long)
+    labels = torch.full((len(lens), L), -100, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = s
+        mask[i, :len(s)] = 1
+        labels[i, :len(s) - 1] = s[1:]
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "position_ids": pos.to(device),
+            "labels": labels.to(device)}
+
+
+def step(model: torch.nn.Module, opt: torch.optim.Optimizer, micro: list[dict[str, torch.Tensor]]) -> float:
+    total = sum(int((m["labels"] != -100).sum()) for m in micro)
+    loss_sum = 0.0
+    for m in micro:
+        labels = m["labels"]
+        kwargs = {k: v for k, v in m.items() if k != "labels"}
+        logits = model(**kwargs, use_cache=False).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten(),
+                                                 ignore_index=-100, reduction="sum") / total
+        loss.backward()
+        loss_sum += float(loss.detach())
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss_sum
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def matmul_tflops(device: torch.device, n: int = 8192, reps: int = 10) -> float | None:
+    if device.type != "cuda":
+        return None
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        a @ b
+    end.record()
+    torch.cuda.synchronize()
+    return 2 * n**3 * reps / (start.elapsed_time(end) / 1e3) / 1e12
+
+
+def main() -> None:
+    p = parser(__doc__.split("\n\n")[0])
+    p.add_argument("--preset", choices=sorted(PRESETS), default="qwen0.5b")
+    p.add_argument("--rows", type=int, default=64, help="sequences per training step")
+    p.add_argument("--min-len", type=int, default=256)
+    p.add_argument("--max-len", type=int, default=4096)
+    p.add_argument("--token-budget", type=int, default=32768, help="padded tokens per micro-batch")
+    p.add_argument("--steps", type=int, default=3, help="timed steps per layout")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--attn", default="sdpa")
+    p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak used for MFU")
+    p.add_argument("--layouts", default="padded,packed")
+    args = p.parse_args()
+
+    import torch.distributed as dist
+
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
+    arch = PRESETS[args.preset]
+    model = build_model(arch, device, args.attn)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    n_mm = matmul_params(model)
+    L, d = arch["num_hidden_layers"], arch["hidden_size"]
+    rng = random.Random(0)
+    lengths = [rng.randint(args.min_len, args.max_len) for _ in range(args.rows)]
+    flops = sum(6 * n_mm * n + 6 * L * d * n * n for n in lengths)
+    real_tokens = sum(lengths)
+    micro_lens = make_micro_batches(lengths, args.token_budget)
+    padded_tokens = sum(max(m) * len(m) for m in micro_lens)
+    peak_measured = matmul_tflops(device)
+    rows = []
+    for name in args.layouts.split(","):
+        packed = name == "packed"
+        micro = [layout(m, arch["vocab_size"], packed, device) for m in micro_lens]
+        for _ in range(args.warmup):
+            step(model, opt, micro)
+        sync(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        times = []
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            step(model, opt, micro)
+            sync(device)
+            times.append(time.perf_counter() - t0)
+        t = sorted(times)[len(times) // 2]
+        achieved = flops / t / 1e12
+        row = {"layout": name, "step_s": t, "tokens_per_s": real_tokens / t, "TFLOP/s": achieved,
+               "mfu_vs_peak": achieved / args.peak_tflops if device.type == "cuda" else None,
+               "mfu_vs_matmul": achieved / peak_measured if peak_measured else None,
+               "micro_batches": len(micro),
+               "computed_tokens": padded_tokens if not packed else real_tokens}
+        if device.type == "cuda":
+            row["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        rows.append(row)
+        del micro
+    best = max((r["mfu_vs_peak"] or 0.0) for r in rows)
+    extra = {"matmul_params": n_mm, "params": sum(p.numel() for p in model.parameters()),
+             "real_tokens_per_step": real_tokens, "padded_tokens_per_step": padded_tokens,
+             "padding_waste": 1 - real_tokens / padded_tokens, "flops_per_step": flops,
+             "peak_tflops_used": args.peak_tflops, "matmul_tflops_measured": peak_measured,
+             "target_mfu_45pct": target(best >= 0.45 if device.type == "cuda" else None)}
+    report("trainer", args, rows, extra)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
