@@ -37,9 +37,12 @@ def make_engine(cfg: Any, model: Any, tokenizer: Any) -> Engine:
                         max_batch_size=h.max_batch_size, batch_wait_s=h.batch_wait_s, device=h.device)
     from pipeline.engines.vllm import VLLMEngine
 
+    tmp_dir = None
     if not isinstance(model, (str, os.PathLike)):
-        path = tempfile.mkdtemp(prefix="vllm_model_")
-        model.save_pretrained(path)
-        tokenizer.save_pretrained(path)
-        model = path
-    return VLLMEngine(str(model), tokenizer, cfg.vllm, max_inflight=cfg.max_inflight)
+        tmp_dir = tempfile.mkdtemp(prefix="vllm_model_")
+        model.save_pretrained(tmp_dir)
+        tokenizer.save_pretrained(tmp_dir)
+        model = tmp_dir
+    engine = VLLMEngine(str(model), tokenizer, cfg.vllm, max_inflight=cfg.max_inflight)
+    engine.owned_dir = tmp_dir  # removed by aclose()
+    return engine

@@ -72,8 +72,14 @@ class HFEngine:
         self.device = _pick_device(device)
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
-        eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
-        self.eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos])
+        # the chat end token (tokenizer) and the checkpoint's own EOS list both end a response
+        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        self.eos_ids = {t for t in (eos if isinstance(eos, (list, tuple)) else [eos]) if t is not None}
+        if tokenizer.eos_token_id is not None:
+            self.eos_ids.add(tokenizer.eos_token_id)
+        if not self.eos_ids:
+            raise ValueError("the tokenizer has no eos_token and the model's generation_config no "
+                             "eos_token_id: responses could never stop")
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
         self.max_inflight, self.max_batch_size, self.batch_wait_s = max_inflight, max_batch_size, batch_wait_s
         self.version = 0

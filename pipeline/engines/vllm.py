@@ -23,6 +23,7 @@ import asyncio
 import itertools
 import os
 import queue
+import shutil
 import threading
 import time
 from typing import Any, Callable, Iterable
@@ -66,6 +67,7 @@ class VLLMEngine:
         self._stats = {"requests": 0, "tokens": 0, "errors": 0, "weight_loads": 0, "steps": 0,
                        "busy_s": 0.0}
         self._closed = False
+        self.owned_dir: str | None = None  # a temporary checkpoint written for this engine
         self._thread = threading.Thread(target=self._loop, name="vllm-engine", daemon=True)
         self._thread.start()
 
@@ -242,3 +244,5 @@ class VLLMEngine:
             await asyncio.to_thread(self._thread.join, 60)
         for rid in list(self._waiting):
             self._resolve(rid, Generation.failed("engine closed", self.version))
+        if self.owned_dir:
+            shutil.rmtree(self.owned_dir, ignore_errors=True)
