@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The H200 runs behind docs/performance.md, one part per device call (each part < 10 min):
+#   bash bench/device.sh compile   # sandbox selfcheck (cuda), bench.sandbox, bench.reward_streaming
+#   bash bench/device.sh gpu       # bench.trainer, bench.weight_sync, bench.sampler (hf), bench.pipeline
+#   bash bench/device.sh vllm      # bench.sampler with the vLLM engine (after .vbundle is installed)
+# Needs .devpkgs installed into /tmp/site (bash .devpkgs/install.sh). Every bench has its own time
+# limit, so one that hangs costs only its share; results are re-packed into $OUT after each.
+set -u
+part=${1:?usage: bench/device.sh compile|gpu|vllm}
+out=${OUT:-/tmp/bench_out}
+res=/tmp/bench_res/$part
+mkdir -p "$res" "$out"
+export PYTHONPATH=/tmp/site:/tmp/vsite:$PWD PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 \
+       TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
+       RAY_DEDUP_LOGS=0 WANDB_MODE=disabled
+py=python3
+
+step() {  # step NAME LIMIT_S CMD...: run with a limit, log, keep the result files
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  echo "=== $name (limit ${limit}s): $*"
+  timeout -k 10 "$limit" "$@" >"$res/$name.log" 2>&1
+  local rc=$?
+  echo "=== $name rc=$rc in $((SECONDS - t0))s"
+  tail -n 25 "$res/$name.log"
+  tar -czf "$out/$part.tar.gz" -C /tmp/bench_res "$part"
+}
+
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,driver_version --format=csv >"$res/gpu.txt" 2>&1
+nproc >>"$res/gpu.txt"; cat "$res/gpu.txt"
+
+case $part in
+compile)
+  step selfcheck 240 $py -m sandbox.selfcheck --backend cuda --out "$res/selfcheck"
+  step sandbox 200 $py -m bench.sandbox --backend cuda --distinct 24 --max-concurrent 16 \
+       --compile-workers 14 --max-jobs 2 --out "$res/sandbox_cuda.json"
+  step reward_streaming 200 $py -m bench.reward_streaming --backend cuda --compiled 12 --cheap 12 \
+       --gen-seconds 20 --max-concurrent 16 --compile-workers 14 --out "$res/reward_streaming_cuda.json"
+  ;;
+gpu)
+  step trainer 150 $py -m bench.trainer --preset qwen0.5b --rows 64 --min-len 256 --max-len 4096 \
+       --token-budget 32768 --steps 3 --out "$res/trainer_h200.json"
+  step weight_sync 120 $py -m bench.weight_sync --preset qwen0.5b --transports cuda_ipc,object_store \
+       --pushes 5 --out "$res/weight_sync_h200.json"
+  step sampler_hf 120 $py -m bench.sampler --engine hf --preset qwen0.5b --dtype bfloat16 --tasks 4 \
+       --trajectories 8 --max-tokens 128 --repeats 2 --out "$res/sampler_hf_h200.json"
+  step pipeline 250 $py -m bench.pipeline --steps 3 --run-root /tmp/bench_runs --out "$res/pipeline_h200.json" -- \
+       +experiment=toy resources=one_gpu model.dtype=bfloat16 model.tiny.vocab_size=151936 \
+       model.tiny.hidden_size=896 model.tiny.intermediate_size=4864 model.tiny.num_hidden_layers=24 \
+       model.tiny.num_attention_heads=14 model.tiny.num_key_value_heads=2 model.tiny.tie_word_embeddings=true \
+       rollout.n_trajectories=8 rollout.max_response_length=256 pipeline.tasks_per_batch=4
+  ;;
+vllm)
+  step sampler_vllm 300 $py -m bench.sampler --engine vllm --preset qwen0.5b --dtype bfloat16 --tasks 8 \
+       --trajectories 16 --max-tokens 512 --repeats 2 --gpu-memory-utilization 0.3 --out "$res/sampler_vllm_h200.json"
+  ;;
+*) echo "unknown part $part"; exit 2 ;;
+esac
