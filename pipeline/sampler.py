@@ -34,7 +34,7 @@ import copy
 import importlib
 import os
 from collections.abc import Mapping
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator
 
 from pipeline.rollout import BatchStats, stream_episodes
 from pipeline.sample import Sample
