@@ -49,7 +49,4 @@ def rollout_metrics(samples: list[Sample], cfg: Any) -> dict[str, float]:
         by_turn.setdefault(s.turn, []).append(float(s.score))
     if len(by_turn) > 1:
         out.update({f"reward/turn{t}_mean": _mean(v) for t, v in sorted(by_turn.items())})
-    rets = [s.ret for s in samples if s.ret is not None]
-    if rets:
-        out["reward/return_mean"] = _mean(rets)
     return out
