@@ -12,6 +12,7 @@ Rows are sorted by (task, trajectory, turn), so a task's samples are contiguous.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,8 +60,9 @@ def group_id(s: Sample) -> str:
     return f"{s.step}/{s.task_id}"
 
 
-def _returns(samples: list[Sample], cfg: Any) -> None:
-    """``s.ret`` for every sample, trajectory by trajectory."""
+def _returns(samples: list[Sample], cfg: Any) -> int:
+    """``s.ret`` for every sample, trajectory by trajectory; returns how many scores were not
+    finite (counted as 0: one NaN would otherwise poison its whole group's advantages)."""
     trajs: dict[tuple[str, int], list[Sample]] = {}
     for s in samples:
         trajs.setdefault((group_id(s), s.traj), []).append(s)
@@ -73,12 +75,13 @@ def _returns(samples: list[Sample], cfg: Any) -> None:
             if present[i, s.turn]:
                 raise ValueError(f"two samples for task {s.task_id!r} trajectory {s.traj} turn {s.turn} "
                                  f"(uid {s.uid!r}): a batch holds each turn once")
-            scores[i, s.turn] = float(s.score)
+            scores[i, s.turn] = float(s.score) if math.isfinite(float(s.score)) else 0.0
             present[i, s.turn] = True
     rets = multi_turn_returns(scores, cfg.gamma, cfg.aggregate, present)
     for i, k in enumerate(keys):
         for s in trajs[k]:
             s.ret = float(rets[i, s.turn])
+    return sum(1 for s in samples if not math.isfinite(float(s.score)))
 
 
 def _empty(prompt_len: int = 0) -> dict[str, Any]:
@@ -105,7 +108,7 @@ def build_train_batch(samples: list[Sample], cfg: Any, max_response_length: int,
     if not samples:
         metrics["batch/rows"] = 0.0
         return TrainBatch(**_empty(), metrics=metrics)
-    _returns(samples, cfg)
+    metrics["batch/nonfinite_scores"] = float(_returns(samples, cfg))
     trainable = [s for s in samples if s.finish_reason != "error" and s.response_ids]
     metrics["batch/gen_errors"] = float(len(samples) - len(trainable))
     rets_all = torch.tensor([s.ret for s in samples])
@@ -119,7 +122,7 @@ def build_train_batch(samples: list[Sample], cfg: Any, max_response_length: int,
 
     groups = [group_id(s) for s in trainable]
     returns = torch.tensor([s.ret for s in trainable], dtype=torch.float32)
-    scores = torch.tensor([float(s.score) for s in trainable], dtype=torch.float32)
+    scores = torch.tensor([float(s.score) if math.isfinite(float(s.score)) else 0.0 for s in trainable])
     adv = group_advantages(returns, groups, cfg.norm_by_std, cfg.adv_eps)
 
     clipped = [len(s.response_ids) > max_response_length for s in trainable]

@@ -101,3 +101,11 @@ def test_rollout_metrics():
     assert m["reward/turn0_mean"] == 0.25 and m["reward/turn1_mean"] == 0.5
     assert rollout_metrics(s, algo(not_okay_prefix="Hmm"))["response/not_okay_ratio"] == pytest.approx(2 / 3)
     assert rollout_metrics([], algo()) == {}
+
+
+def test_non_finite_score_counts_as_zero_instead_of_poisoning_the_group():
+    s = [sample("t", 0, 0, float("nan")), sample("t", 1, 0, 1.0), sample("t", 2, 0, 0.0)]
+    b = build_train_batch(s, algo(norm_by_std=False), 4, 0)
+    assert b.metrics["batch/nonfinite_scores"] == 1 and s[0].ret == 0.0
+    assert torch.isfinite(b.advantages).all()
+    torch.testing.assert_close(b.advantages[:, 0], torch.tensor([-1 / 3, 2 / 3, -1 / 3]))
