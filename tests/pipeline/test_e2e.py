@@ -98,11 +98,9 @@ def test_wrong_key_and_bad_values_are_named():
         config("+experiment=toy", "trainer.optim.lrr=1")
     with pytest.raises(Exception, match="turns"):
         config("+experiment=toy", "rollout.turns=two")
-    from omegaconf import OmegaConf
-
     from pipeline.config import check
 
     cfg = config("+experiment=toy", "algorithm.clip_ratio_high=0.1", "rollout.turns=0")
     with pytest.raises(ValueError) as err:
-        check(OmegaConf.to_object(cfg))
+        check(cfg)
     assert "algorithm.clip_ratio_high" in str(err.value) and "rollout.turns" in str(err.value)
