@@ -1,0 +1,41 @@
+"""A worker lost from outside (not by the pool, not by its candidate) is run again once."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import psutil
+
+from sandbox.pool import EvalPool
+from tests.sandbox.conftest import fixture_source
+
+SLOW_CORRECT = ("import time\nimport torch.nn as nn\n"
+                "class ModelNew(nn.Module):\n"
+                "    def forward(self, x):\n"
+                "        time.sleep(0.5)\n"
+                "        return x.clamp_min(0)\n")
+
+
+async def _kill_first_worker() -> int:
+    me = psutil.Process(os.getpid())
+    for _ in range(600):
+        for child in me.children():
+            try:
+                if "sandbox.worker" in " ".join(child.cmdline()):
+                    await asyncio.sleep(1.0)  # let it start its harness
+                    os.kill(child.pid, signal.SIGKILL)
+                    return child.pid
+            except psutil.Error:
+                continue
+        await asyncio.sleep(0.05)
+    raise AssertionError("no worker process appeared")
+
+
+async def test_a_lost_worker_is_retried_and_the_evaluation_still_completes(sandbox_cfg):
+    async with EvalPool(sandbox_cfg) as pool:
+        killer = asyncio.ensure_future(_kill_first_worker())
+        res = await pool.evaluate(fixture_source("tasks/relu.py"), SLOW_CORRECT, "cpu")
+        await killer
+        assert pool.stats()["lost_workers"] == 1
+    assert res.correct, res
