@@ -66,7 +66,7 @@ async def test_update_weights_changes_outputs_on_every_worker(pool):
     after = await outputs()
     assert {v for _, v in after.values()} == {1}
     assert all(after[k][0] != before[k][0] for k in before)  # greedy: different weights, other tokens
-    await pool.update_weights(dict(original.state_dict()), 2)  # a plain state dict works too
+    await pool.update_weights(ray.put(dict(original.state_dict())), 2)  # a state dict by reference
     restored = await outputs()
     assert all(restored[k][0] == before[k][0] for k in before)
 
