@@ -21,12 +21,6 @@ TORCH_ALLOCATORS = {"torch.empty", "torch.empty_like", "torch.zeros", "torch.zer
 LOAD_INLINE = {"torch.utils.cpp_extension.load_inline", "torch.utils.cpp_extension.load"}
 
 
-def _root_name(node: ast.AST) -> str | None:
-    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
-        node = node.func if isinstance(node, ast.Call) else node.value
-    return node.id if isinstance(node, ast.Name) else None
-
-
 @dataclass
 class Answer:
     """A parsed candidate with the facts rules need."""
@@ -82,13 +76,19 @@ class Answer:
                     self.kernels.add(node.name)
             elif isinstance(node, ast.ClassDef):
                 self.classes[node.name] = node
-        for node in ast.walk(self.tree):
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
-                    self.call_name(node.value) in LOAD_INLINE:
+        # names bound to a built extension: ``ext = load_inline(...)``, ``self.ext = ext``, ``self.ext = load(...)``
+        assigns = [n for n in ast.walk(self.tree) if isinstance(n, ast.Assign)]
+        for _ in range(2):  # a second pass picks up aliases of aliases
+            for node in assigns:
+                v = node.value
+                is_ext = isinstance(v, ast.Call) and self.call_name(v) in LOAD_INLINE or \
+                    isinstance(v, ast.Name) and v.id in self.extensions
+                if not is_ext:
+                    continue
                 for t in node.targets:
                     if isinstance(t, ast.Name):
                         self.extensions.add(t.id)
-                    elif isinstance(t, ast.Attribute) and _root_name(t) == "self":
+                    elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
                         self.extensions.add(f"self.{t.attr}")
 
     def _is_triton_jit(self, dec: ast.AST) -> bool:

@@ -134,6 +134,10 @@ CLEAN: dict[str, tuple[str, str]] = {
     "extension_method_named_like_torch": (CPP_HEADER.replace('functions=["f"]', 'functions=["softmax"]') +
                                           "\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
                                           "        return ext.softmax(x.contiguous())\n", "cpu"),
+    "extension_held_by_self": (CPP_HEADER.replace('functions=["f"]', 'functions=["matmul"]') +
+                               "\nclass ModelNew(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                               "        self.op = ext\n\n    def forward(self, a, b):\n"
+                               "        return self.op.matmul(a.contiguous(), b.contiguous())\n", "cpu"),
     "weights_from_nn_layer": (CPP_HEADER + "\nclass ModelNew(nn.Module):\n    def __init__(self):\n"
                               "        super().__init__()\n        self.lin = nn.Linear(4, 4)\n"
                               "        self.scale = nn.Parameter(torch.ones(4) * 2)\n\n"
