@@ -38,8 +38,8 @@ compile)
        --gen-seconds 20 --max-concurrent 16 --compile-workers 14 --out "$res/reward_streaming_cuda.json"
   ;;
 gpu)
-  step trainer 150 $py -m bench.trainer --preset qwen0.5b --rows 64 --min-len 256 --max-len 4096 \
-       --token-budget 32768 --steps 3 --out "$res/trainer_h200.json"
+  step trainer 220 $py -m bench.trainer --preset qwen0.5b --rows 64 --min-len 256 --max-len 4096 \
+       --token-budget 32768 --steps 3 --rl-step --prompt-len 512 --out "$res/trainer_h200.json"
   step weight_sync 120 $py -m bench.weight_sync --preset qwen0.5b-untied --transports cuda_ipc,object_store \
        --pushes 5 --out "$res/weight_sync_h200.json"
   step sampler_hf 120 $py -m bench.sampler --engine hf --preset qwen0.5b --dtype bfloat16 --tasks 4 \

@@ -128,6 +128,67 @@ def matmul_tflops(device: torch.device, n: int = 8192, reps: int = 10) -> float 
     return 2 * n**3 * reps / (start.elapsed_time(end) / 1e3) / 1e12
 
 
+def rl_step(args: Any, arch: dict[str, Any], lengths: list[int], device: torch.device) -> dict[str, Any]:
+    """The project's own trainer step (pipeline.trainer.worker.TrainerWorker.train_step) on a
+    GRPO+ batch built by pipeline.algorithms.build_train_batch from synthetic samples: prompt
+    ``--prompt-len`` tokens, responses of the lengths above, 8 samples per task, random scores.
+    Its work per row: one forward for the old log-probs, then forward + backward."""
+    from bench.weight_sync import group
+    from pipeline.algorithms import build_train_batch
+    from pipeline.algorithms.config import AlgorithmConfig
+    from pipeline.models.config import ModelConfig
+    from pipeline.sample import Sample
+    from pipeline.trainer import TrainerConfig, TrainerWorker
+    from pipeline.trainer.plan import plan_step
+    from pipeline.trainer.worker import free_port
+
+    over = {f"tiny.{k}": v for k, v in arch.items()}
+    over["tiny.max_position_embeddings"] = 32768
+    model_cfg = group(ModelConfig, "model/tiny", **over)
+    algo = group(AlgorithmConfig, "algorithm/grpo_plus", micro_batch_tokens=args.token_budget)
+    max_resp = max(lengths)
+    worker = TrainerWorker(0, 1, model_cfg, group(TrainerConfig, "trainer/fsdp2"), algo,
+                           max_response_length=max_resp, temperature=1.0, total_optim_steps=100)
+    worker.init("127.0.0.1", free_port())
+    rng = random.Random(1)
+    vocab = arch["vocab_size"]
+    samples = [Sample(uid=f"0/t{i // 8}/{i % 8}/0", step=0, task_id=f"t{i // 8}", traj=i % 8, turn=0,
+                      prompt_ids=[rng.randrange(vocab) for _ in range(args.prompt_len)],
+                      response_ids=[rng.randrange(vocab) for _ in range(r)], logprobs=[-5.0] * r,
+                      finish_reason="stop", score=rng.random(), policy_version=0)
+               for i, r in enumerate(lengths)]
+    batch = build_train_batch(samples, algo, max_resp, 0)
+    n_rows = int(batch.input_ids.shape[0])
+    lens = [int(x) for x in batch.attention_mask.sum(1)]
+    plan = plan_step(lens, [int(x) for x in batch.response_mask.sum(1)], 1, algo.ppo_mini_batches,
+                     algo.micro_batch_tokens)
+    from pipeline.trainer.worker import BATCH_KEYS
+
+    shard = {k: getattr(batch, k)[torch.tensor(plan.ranks[0].rows)] for k in BATCH_KEYS}
+    times = []
+    for i in range(args.warmup + args.steps):
+        sync(device)
+        t0 = time.perf_counter()
+        worker.train_step(shard, plan.ranks[0], plan.global_seqs, plan.global_tokens, max_resp)
+        sync(device)
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    worker.shutdown()
+    t = sorted(times)[len(times) // 2]
+    L, d, V = arch["num_hidden_layers"], arch["hidden_size"], arch["vocab_size"]
+    n_body = matmul_params(worker.model) - V * d
+    resp = [int(x) for x in batch.response_mask.sum(1)]
+    # 4 passes' worth per token (forward for old log-probs + forward/backward); lm_head only on
+    # the response positions (logits_to_keep)
+    flops = sum(8 * n_body * n + 8 * V * d * r + 8 * L * d * n * n for n, r in zip(lens, resp))
+    padded = int(batch.input_ids.numel())
+    achieved = flops / t / 1e12
+    return {"layout": "rl_step (project trainer, padded rows)", "step_s": t, "tokens_per_s": sum(lens) / t,
+            "TFLOP/s": achieved, "mfu_vs_peak": achieved / args.peak_tflops if device.type == "cuda" else None,
+            "micro_batches": sum(len(m) for m in plan.ranks[0].mini_batches), "computed_tokens": padded,
+            "rows": n_rows}
+
+
 def main() -> None:
     p = parser(__doc__.split("\n\n")[0])
     p.add_argument("--preset", choices=sorted(PRESETS), default="qwen0.5b")
@@ -140,6 +201,8 @@ def main() -> None:
     p.add_argument("--attn", default="sdpa")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak used for MFU")
     p.add_argument("--layouts", default="padded,packed")
+    p.add_argument("--rl-step", action="store_true", help="also time the project's trainer step")
+    p.add_argument("--prompt-len", type=int, default=512)
     args = p.parse_args()
 
     import torch.distributed as dist
@@ -155,6 +218,7 @@ def main() -> None:
     model = build_model(arch, device, args.attn)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
     n_mm = matmul_params(model)
+    n_params = sum(p.numel() for p in model.parameters())
     L, d = arch["num_hidden_layers"], arch["hidden_size"]
     rng = random.Random(0)
     lengths = [rng.randint(args.min_len, args.max_len) for _ in range(args.rows)]
@@ -180,7 +244,7 @@ def main() -> None:
             times.append(time.perf_counter() - t0)
         t = sorted(times)[len(times) // 2]
         achieved = flops / t / 1e12
-        row = {"layout": name, "step_s": t, "tokens_per_s": real_tokens / t, "TFLOP/s": achieved,
+        row = {"layout": f"{name} (bench loop)", "step_s": t, "tokens_per_s": real_tokens / t, "TFLOP/s": achieved,
                "mfu_vs_peak": achieved / args.peak_tflops if device.type == "cuda" else None,
                "mfu_vs_matmul": achieved / peak_measured if peak_measured else None,
                "micro_batches": len(micro),
@@ -189,14 +253,21 @@ def main() -> None:
             row["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
         rows.append(row)
         del micro
+    if args.rl_step:
+        dist.destroy_process_group()
+        del model, opt
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        rows.append(rl_step(args, arch, lengths, device))
     best = max((r["mfu_vs_peak"] or 0.0) for r in rows)
-    extra = {"matmul_params": n_mm, "params": sum(p.numel() for p in model.parameters()),
+    extra = {"matmul_params": n_mm, "params": n_params,
              "real_tokens_per_step": real_tokens, "padded_tokens_per_step": padded_tokens,
              "padding_waste": 1 - real_tokens / padded_tokens, "flops_per_step": flops,
              "peak_tflops_used": args.peak_tflops, "matmul_tflops_measured": peak_measured,
              "target_mfu_45pct": target(best >= 0.45 if device.type == "cuda" else None)}
     report("trainer", args, rows, extra)
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
