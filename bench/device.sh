@@ -31,24 +31,24 @@ nproc >>"$res/gpu.txt"; cat "$res/gpu.txt"
 
 case $part in
 compile)
-  step selfcheck 200 $py -m sandbox.selfcheck --backend cuda --out "$res/selfcheck"
-  step sandbox 150 $py -m bench.sandbox --backend cuda --distinct 24 --max-concurrent 16 \
+  step selfcheck 180 $py -m sandbox.selfcheck --backend cuda --out "$res/selfcheck"
+  step sandbox 130 $py -m bench.sandbox --backend cuda --distinct 24 --max-concurrent 16 \
        --compile-workers 14 --max-jobs 2 --out "$res/sandbox_cuda.json"
-  step reward_streaming 150 $py -m bench.reward_streaming --backend cuda --compiled 12 --cheap 12 \
+  step reward_streaming 120 $py -m bench.reward_streaming --backend cuda --compiled 12 --cheap 12 \
        --gen-seconds 20 --max-concurrent 16 --compile-workers 14 --out "$res/reward_streaming_cuda.json"
   ;;
 gpu)
-  step trainer 150 $py -m bench.trainer --preset qwen0.5b --rows 64 --min-len 256 --max-len 4096 \
+  step trainer 130 $py -m bench.trainer --preset qwen0.5b --rows 64 --min-len 256 --max-len 4096 \
        --token-budget 32768 --steps 3 --rl-step --prompt-len 512 --out "$res/trainer_h200.json"
-  step weight_sync 110 $py -m bench.weight_sync --preset qwen0.5b-untied --transports cuda_ipc,object_store \
+  step weight_sync 100 $py -m bench.weight_sync --preset qwen0.5b-untied --transports cuda_ipc,object_store \
        --pushes 4 --out "$res/weight_sync_h200.json"
-  step sampler_hf 90 $py -m bench.sampler --engine hf --preset qwen0.5b --dtype bfloat16 --tasks 4 \
-       --trajectories 8 --max-tokens 128 --repeats 2 --out "$res/sampler_hf_h200.json"
   step pipeline 200 $py -m bench.pipeline --steps 3 --run-root /tmp/bench_runs --out "$res/pipeline_h200.json" -- \
        +experiment=toy resources=one_gpu model.dtype=bfloat16 model.tiny.vocab_size=151936 \
        model.tiny.hidden_size=896 model.tiny.intermediate_size=4864 model.tiny.num_hidden_layers=24 \
        model.tiny.num_attention_heads=14 model.tiny.num_key_value_heads=2 model.tiny.tie_word_embeddings=false \
        rollout.n_trajectories=8 rollout.max_response_length=256 pipeline.tasks_per_batch=4
+  step sampler_hf 80 $py -m bench.sampler --engine hf --preset qwen0.5b --dtype bfloat16 --tasks 4 \
+       --trajectories 8 --max-tokens 128 --repeats 2 --out "$res/sampler_hf_h200.json"
   ;;
 vllm)
   step sampler_vllm 300 $py -m bench.sampler --engine vllm --preset qwen0.5b --dtype bfloat16 --tasks 8 \
