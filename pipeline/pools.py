@@ -209,10 +209,13 @@ def create_pools(cfg: ResourcesConfig) -> Pools:
     import ray
     from ray.util.placement_group import placement_group
 
+    import uuid
+
     plan = plan_pools(cfg, ray.cluster_resources())
     groups = {}
+    tag = uuid.uuid4().hex[:8]  # group names are cluster-wide: several jobs may share a cluster
     for name, bundles in (("sampler", plan.sampler_bundles), ("trainer", plan.trainer_bundles)):
-        pg = placement_group(bundles, strategy=cfg.strategy, name=f"{name}_pool")
+        pg = placement_group(bundles, strategy=cfg.strategy, name=f"{name}_pool_{tag}")
         groups[name] = Pool(name, bundles, pg)
     for pool in groups.values():
         ready, _ = ray.wait([pool.placement_group.ready()], timeout=cfg.placement_timeout_s)
