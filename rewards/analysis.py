@@ -34,6 +34,7 @@ class Answer:
     classes: dict[str, ast.ClassDef] = field(default_factory=dict)
     kernels: set[str] = field(default_factory=set)            # @triton.jit function names
     extensions: set[str] = field(default_factory=set)         # names bound to load_inline(...) results
+    memo: dict = field(default_factory=dict)                  # per-answer caches of the rule checks
 
     @classmethod
     def from_source(cls, source: str, backend: str) -> "Answer":

@@ -14,7 +14,7 @@ from typing import Any
 from rewards.config import validate
 from rewards.feedback import parse_feedback, result_feedback, rules_feedback
 from rewards.interface import TaskRef, Turn, TurnOutcome
-from rewards.parse import parse_response
+from rewards.parse import Parsed, parse_response
 from rewards.prompts import build_messages
 from rewards.rules import RuleSettings, Violation, check_rules
 from rewards.score import score_result
@@ -90,14 +90,18 @@ class KernelEnv:
         """Rule violations of an answer's code (valid Python)."""
         return check_rules(code, self.backend, self.enabled_rules, self.rule_settings)
 
+    def _static_checks(self, response: str) -> tuple[Parsed, list[Violation]]:
+        parsed = parse_response(response, max_chars=self.cfg.max_answer_chars)
+        if parsed.code is None or parsed.error_kind == "syntax_error":
+            return parsed, []
+        return parsed, self.check(parsed.code)
+
     async def _evaluate(self, task: Task, response: str) -> TurnOutcome:
         cfg = self.cfg
-        parsed = parse_response(response, max_chars=cfg.max_answer_chars)
+        # parsing and the AST rules are CPU work: off the event loop, so generation keeps streaming
+        parsed, violations = await asyncio.to_thread(self._static_checks, response)
         summary = parsed.summary[:cfg.max_summary_chars]
         answer = parsed.code or ""
-        violations: list[Violation] = []
-        if parsed.code is not None and parsed.error_kind != "syntax_error":
-            violations = self.check(parsed.code)
         hacks = list(dict.fromkeys(v.rule for v in violations))
         if not parsed.ok or violations:
             feedback = rules_feedback(violations) if violations else parse_feedback(parsed)

@@ -98,23 +98,29 @@ _ARITH = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow)
 
 
 class _TensorNames:
-    """Which expressions in ModelNew.forward are tensors: its inputs, parameters, and views/allocations."""
+    """Which expressions of one function in forward's scope are tensors.
 
-    def __init__(self, a: Answer, forward: ast.FunctionDef):
+    Seeds: the parameters known to receive tensors (forward's inputs; a helper's parameters that
+    forward passes tensors to), ``self`` parameters and layer weights. Propagates through
+    assignments from allocations, views, extension calls and local helpers given tensors.
+    """
+
+    def __init__(self, a: Answer, fn: ast.FunctionDef, seeds: set[str]):
         cls = a.model_new
         self.a = a
         self.params = a.param_attrs(cls)
         self.layers = a.layer_attrs(cls)
-        args = forward.args
-        self.names = {x.arg for x in args.posonlyargs + args.args + args.kwonlyargs if x.arg != "self"}
-        if args.vararg:
-            self.names.add(args.vararg.arg)
-        for node in ast.walk(forward):  # one pass in source order is enough for straight-line code
-            if isinstance(node, ast.Assign) and self.is_tensor(node.value):
-                for t in node.targets:
-                    for n in ast.walk(t):
-                        if isinstance(n, ast.Name):
-                            self.names.add(n.id)
+        self.methods = a.methods(cls)
+        self.names = set(seeds)
+        for _ in range(2):  # two passes settle straight-line code and simple loops
+            for node in ast.walk(fn):
+                value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+                if value is not None and self.is_tensor(value):
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    for t in targets:
+                        for n in ast.walk(t):
+                            if isinstance(n, ast.Name):
+                                self.names.add(n.id)
 
     def is_tensor(self, node: ast.AST) -> bool:
         if isinstance(node, ast.Name):
@@ -126,13 +132,55 @@ class _TensorNames:
             return node.value.attr in self.layers and node.attr in ("weight", "bias")
         if isinstance(node, ast.Subscript):
             return self.is_tensor(node.value)
+        if isinstance(node, ast.BinOp):
+            return self.is_tensor(node.left) or self.is_tensor(node.right)
         if isinstance(node, ast.Call):
             name = self.a.call_name(node)
             if name in TORCH_ALLOCATORS:
                 return True
             f = node.func
-            return isinstance(f, ast.Attribute) and f.attr in VIEW_METHODS and self.is_tensor(f.value)
+            if isinstance(f, ast.Attribute) and f.attr in VIEW_METHODS and self.is_tensor(f.value):
+                return True
+            if isinstance(f, ast.Attribute) and _is_extension(self.a, f.value):
+                return True  # what a kernel returns is a tensor
+            if self.local_callee(f) is not None:
+                return self.returns_tensor(node)
         return False
+
+    def returns_tensor(self, call: ast.Call) -> bool:
+        """Whether a local helper returns a tensor when given these arguments (memoised per answer)."""
+        callee, got = self.bind(call)
+        memo: dict = self.a.memo.setdefault("returns_tensor", {})
+        key = (id(callee), frozenset(got))
+        if key not in memo:
+            memo[key] = False  # while in progress (recursion) the answer is "no"
+            inner = _TensorNames(self.a, callee, got)
+            memo[key] = any(isinstance(n, ast.Return) and n.value is not None and inner.is_tensor(n.value)
+                            for n in ast.walk(callee))
+        return memo[key]
+
+    def bind(self, call: ast.Call) -> tuple[ast.FunctionDef, set[str]]:
+        """The helper a call reaches and which of its parameters receive tensors."""
+        callee, is_method = self.local_callee(call.func)
+        params = [p.arg for p in callee.args.posonlyargs + callee.args.args]
+        if is_method and params:
+            params = params[1:]
+        got = {p for p, arg in zip(params, call.args) if self.is_tensor(arg)}
+        got |= {k.arg for k in call.keywords if k.arg and self.is_tensor(k.value)}
+        return callee, got
+
+    def local_callee(self, func: ast.AST) -> tuple[ast.FunctionDef, bool] | None:
+        """(definition, is_method) of a helper defined in this file, or None."""
+        if isinstance(func, ast.Name) and func.id in self.a.functions and func.id not in self.a.kernels:
+            return self.a.functions[func.id], False
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self" \
+                and func.attr in self.methods:
+            return self.methods[func.attr], True
+        return None
+
+    def tensor_params_of_calls(self, fn: ast.FunctionDef) -> list[tuple[ast.FunctionDef, set[str]]]:
+        """For every call from ``fn`` to a local helper: the helper's parameters that get tensors."""
+        return [self.bind(call) for call in _calls([fn]) if self.local_callee(call.func) is not None]
 
 
 def _layer_call(func: ast.AST, layers: set[str]) -> str | None:
@@ -153,6 +201,34 @@ def _is_extension(a: Answer, node: ast.AST) -> bool:
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
         return f"self.{node.attr}" in a.extensions
     return False
+
+
+def _tensor_arithmetic(a: Answer, forward: ast.FunctionDef, seeds: set[str]) -> list[str]:
+    """Arithmetic on tensors in forward and in every helper forward hands tensors to."""
+    known: dict[int, set[str]] = {id(forward): set(seeds)}
+    fns: dict[int, ast.FunctionDef] = {id(forward): forward}
+    todo = [forward]
+    while todo:  # grow each function's tensor parameters until nothing changes
+        fn = todo.pop()
+        for callee, got in _TensorNames(a, fn, known[id(fn)]).tensor_params_of_calls(fn):
+            fns[id(callee)] = callee
+            have = known.get(id(callee))
+            if have is None or not got <= have:  # sets only grow: this ends
+                known[id(callee)] = (have or set()) | got
+                todo.append(callee)
+    reasons = []
+    for key, fn in fns.items():
+        tensors = _TensorNames(a, fn, known[key])
+        where = "forward" if fn is forward else f"{fn.name}()"
+        for node in ast.walk(fn):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, _ARITH) and \
+                    (tensors.is_tensor(node.left) or tensors.is_tensor(node.right)):
+                reasons.append(f"{_line(node)}: tensor arithmetic ({type(node.op).__name__}) in {where}")
+            elif isinstance(node, ast.AugAssign) and isinstance(node.op, _ARITH) and tensors.is_tensor(node.target):
+                reasons.append(f"{_line(node)}: in-place tensor arithmetic in {where}")
+            elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and tensors.is_tensor(node.operand):
+                reasons.append(f"{_line(node)}: tensor negation in {where}")
+    return reasons
 
 
 def _check_torch_compute(a: Answer, s: RuleSettings) -> list[str]:
@@ -184,15 +260,11 @@ def _check_torch_compute(a: Answer, s: RuleSettings) -> list[str]:
                 reasons.append(f"{_line(node)}: the @ operator is a torch matmul")
     forward = a.methods(cls).get("forward")
     if forward is not None:
-        tensors = _TensorNames(a, forward)
-        for node in ast.walk(forward):
-            if isinstance(node, ast.BinOp) and isinstance(node.op, _ARITH) and \
-                    (tensors.is_tensor(node.left) or tensors.is_tensor(node.right)):
-                reasons.append(f"{_line(node)}: tensor arithmetic ({type(node.op).__name__}) in forward")
-            elif isinstance(node, ast.AugAssign) and isinstance(node.op, _ARITH) and tensors.is_tensor(node.target):
-                reasons.append(f"{_line(node)}: in-place tensor arithmetic in forward")
-            elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and tensors.is_tensor(node.operand):
-                reasons.append(f"{_line(node)}: tensor negation in forward")
+        args = forward.args
+        seeds = {x.arg for x in args.posonlyargs + args.args + args.kwonlyargs if x.arg != "self"}
+        if args.vararg:
+            seeds.add(args.vararg.arg)
+        reasons += _tensor_arithmetic(a, forward, seeds)
     return reasons
 
 

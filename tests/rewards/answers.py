@@ -74,6 +74,14 @@ ADVERSARIAL: dict[str, tuple[str, str, str]] = {
                               "triton"),
     "tensor_arithmetic": ("torch_compute_in_forward", triton_answer("", forward="return launch(x) * 0 + x * 2"),
                           "triton"),
+    "arithmetic_on_kernel_output": ("torch_compute_in_forward", triton_answer(
+        "", forward="y = launch(x.contiguous())\n        return y * 2 - 1"), "triton"),
+    "arithmetic_in_helper": ("torch_compute_in_forward", triton_answer(
+        "\n    def finish(self, t, scale):\n        return t * scale\n", forward="return self.finish(launch(x), 0.5)"),
+        "triton"),
+    "arithmetic_on_extension_output": ("torch_compute_in_forward", CPP_HEADER +
+                                       "\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
+                                       "        out = ext.f(x)\n        out += 1\n        return out\n", "cpu"),
     "torch_in_helper": ("torch_compute_in_forward", triton_answer(
         "\n    def helper(self, x):\n        return torch.clamp(x, min=0)\n", forward="return self.helper(x)"),
         "triton"),
@@ -134,6 +142,9 @@ CLEAN: dict[str, tuple[str, str]] = {
     "extension_method_named_like_torch": (CPP_HEADER.replace('functions=["f"]', 'functions=["softmax"]') +
                                           "\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
                                           "        return ext.softmax(x.contiguous())\n", "cpu"),
+    "helper_with_int_math": (triton_answer(
+        "\n    def blocks(self, t, block):\n        return (t.numel() + block - 1) // block\n",
+        forward="n_blocks = self.blocks(x, 1024) * 1\n        return launch(x.contiguous())"), "triton"),
     "extension_held_by_self": (CPP_HEADER.replace('functions=["f"]', 'functions=["matmul"]') +
                                "\nclass ModelNew(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
                                "        self.op = ext\n\n    def forward(self, a, b):\n"
