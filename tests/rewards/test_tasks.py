@@ -166,3 +166,20 @@ def test_split_is_deterministic_disjoint_and_per_level():
     assert split(tasks, 0.0, seed=0) == (list(tasks), [])
     with pytest.raises(ValueError, match="holdout_frac"):
         split(tasks, 1.0, seed=0)
+
+
+def test_full_profile_shapes_check_out_on_the_meta_device():
+    """The H200-size references build and run on 'meta' tensors (shapes only, no compute)."""
+    import torch
+
+    from rewards.tasks.reference import load_module
+
+    for task in load_builtin(profile="full"):
+        module = load_module(task)
+        with torch.device("meta"):
+            model = module.Model(*module.get_init_inputs())
+            inputs = module.get_inputs()
+            out = model(*inputs)
+        assert all(o.device.type == "meta" for o in (out if isinstance(out, tuple) else (out,))), task.id
+        if task.level == 1:
+            assert max(x.numel() for x in inputs) >= 16 * 2**20, task.id  # kernel time >> launch overhead
