@@ -94,7 +94,12 @@ def _check_kernel(a: Answer, s: RuleSettings) -> list[str]:
 COMPUTE_METHODS = frozenset(
     n for n in dir(torch.Tensor)
     if not n.startswith("_") and callable(getattr(torch, n, None)) and not isinstance(getattr(torch, n), type))
-_ARITH = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow)
+_ARITH = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.BitAnd, ast.BitOr, ast.BitXor,
+          ast.LShift, ast.RShift)
+_UNARY = (ast.USub, ast.Invert)
+_ORDER = (ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Eq, ast.NotEq)
+# builtins that compute on a tensor argument through its dunder methods (abs -> __abs__, sum -> __add__)
+_TENSOR_BUILTINS = {"abs", "sum", "pow", "max", "min", "round", "divmod", "sorted", "map"}
 
 
 class _TensorNames:
@@ -226,8 +231,19 @@ def _tensor_arithmetic(a: Answer, forward: ast.FunctionDef, seeds: set[str]) -> 
                 reasons.append(f"{_line(node)}: tensor arithmetic ({type(node.op).__name__}) in {where}")
             elif isinstance(node, ast.AugAssign) and isinstance(node.op, _ARITH) and tensors.is_tensor(node.target):
                 reasons.append(f"{_line(node)}: in-place tensor arithmetic in {where}")
-            elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and tensors.is_tensor(node.operand):
-                reasons.append(f"{_line(node)}: tensor negation in {where}")
+            elif isinstance(node, ast.UnaryOp) and isinstance(node.op, _UNARY) and tensors.is_tensor(node.operand):
+                reasons.append(f"{_line(node)}: unary tensor operation in {where}")
+            elif isinstance(node, ast.Compare) and any(isinstance(op, _ORDER) for op in node.ops) and \
+                    any(tensors.is_tensor(x) for x in [node.left, *node.comparators]):
+                reasons.append(f"{_line(node)}: tensor comparison in {where}")
+            elif isinstance(node, (ast.Assign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(isinstance(t, ast.Subscript) and tensors.is_tensor(t.value) for t in targets):
+                    reasons.append(f"{_line(node)}: indexed write into a tensor (a torch copy/fill) in {where}")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _TENSOR_BUILTINS \
+                    and node.func.id not in a.aliases and node.func.id not in a.functions and \
+                    any(tensors.is_tensor(x) for x in node.args):
+                reasons.append(f"{_line(node)}: builtin {node.func.id}() computes on a tensor in {where}")
     return reasons
 
 
@@ -248,7 +264,14 @@ def _check_torch_compute(a: Answer, s: RuleSettings) -> list[str]:
         if layer is not None:
             reasons.append(f"{_line(call)}: calls the torch.nn layer self.{layer} in forward")
             continue
+        if name is not None and (name.startswith("operator.") or name == "functools.reduce"):
+            reasons.append(f"{_line(call)}: {name}(...) applies a tensor operator")
+            continue
         f = call.func
+        if isinstance(f, ast.Attribute) and f.attr.startswith("__") and f.attr.endswith("__") and \
+                f.attr not in ("__init__", "__len__") and a.dotted(f.value) is None:
+            reasons.append(f"{_line(call)}: calls the dunder method .{f.attr}() (tensor compute)")
+            continue
         if isinstance(f, ast.Attribute) and f.attr in COMPUTE_METHODS and f.attr not in s.allowed_tensor_methods:
             receiver = f.value
             if a.dotted(receiver) is None and not _is_extension(a, receiver):
@@ -454,6 +477,25 @@ def _check_reference_access(a: Answer, s: RuleSettings) -> list[str]:
     return sorted(set(out))
 
 
+_DYNAMIC_CALLS = {"eval", "exec", "compile", "__import__", "breakpoint"}
+
+
+def _check_dynamic_code(a: Answer, s: RuleSettings) -> list[str]:
+    out = []
+    for node in ast.walk(a.tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            fn = node.func.id
+            if fn in _DYNAMIC_CALLS and fn not in a.aliases and fn not in a.functions:
+                out.append(f"{_line(node)}: {fn}() runs code these checks cannot see")
+            elif fn in ("getattr", "hasattr") and node.args and a.dotted(node.args[0]) is not None:
+                out.append(f"{_line(node)}: {fn}() on {ast.unparse(node.args[0])} looks names up dynamically")
+        elif isinstance(node, ast.ImportFrom) and any(al.name == "*" for al in node.names):
+            out.append(f"{_line(node)}: 'from {node.module} import *' hides which names are used")
+        elif isinstance(node, ast.Name) and node.id == "__builtins__":
+            out.append(f"{_line(node)}: __builtins__ reaches the interpreter")
+    return out
+
+
 RULES: dict[str, Rule] = {r.name: r for r in [
     Rule("no_model_new", "The answer must define class ModelNew.", _check_model_new),
     Rule("no_kernel", "The answer must contain a kernel for its backend (cuda: __global__ + load_inline; "
@@ -472,6 +514,8 @@ RULES: dict[str, Rule] = {r.name: r for r in [
     Rule("file_or_network", "No file or network access (open, sockets, HTTP, pathlib writes, "
          "torch.save/load).", _check_file_or_network),
     Rule("environment_access", "No reading or changing environment variables.", _check_environment),
+    Rule("dynamic_code", "No eval/exec/compile/__import__, getattr on modules or star imports: they hide "
+         "code from these checks.", _check_dynamic_code),
     Rule("reference_access", "No use of the reference Model, the harness's inputs, or the interpreter's "
          "internals (sys.modules, frames, gc, importlib, __main__).", _check_reference_access),
 ]}

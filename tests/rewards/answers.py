@@ -82,6 +82,13 @@ ADVERSARIAL: dict[str, tuple[str, str, str]] = {
     "arithmetic_on_extension_output": ("torch_compute_in_forward", CPP_HEADER +
                                        "\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
                                        "        out = ext.f(x)\n        out += 1\n        return out\n", "cpu"),
+    "comparison_mask": ("torch_compute_in_forward", triton_answer("", forward="return x * (x > 0)"), "triton"),
+    "indexed_write": ("torch_compute_in_forward", triton_answer(
+        "", forward="out = torch.empty_like(x)\n        out[:] = x\n        return launch(out)"), "triton"),
+    "builtin_abs": ("torch_compute_in_forward", triton_answer("", forward="return launch(abs(x))"), "triton"),
+    "dunder_call": ("torch_compute_in_forward", triton_answer("", forward="return launch(x).__mul__(2)"), "triton"),
+    "operator_module": ("torch_compute_in_forward", triton_answer(
+        "", forward="return operator.add(launch(x), 1)", prelude="import operator"), "triton"),
     "torch_in_helper": ("torch_compute_in_forward", triton_answer(
         "\n    def helper(self, x):\n        return torch.clamp(x, min=0)\n", forward="return self.helper(x)"),
         "triton"),
@@ -119,6 +126,10 @@ ADVERSARIAL: dict[str, tuple[str, str, str]] = {
     "socket": ("file_or_network", "import socket\n" + CLEAN_TRITON, "triton"),
     "env_secret": ("environment_access", "import os\nKEY = os.environ.get('WANDB_API_KEY')\n" + CLEAN_TRITON, "triton"),
     "getenv": ("environment_access", "from os import getenv\nTOKEN = getenv('HF_TOKEN')\n" + CLEAN_TRITON, "triton"),
+    "exec_hidden_code": ("dynamic_code", CLEAN_TRITON + "\nexec('import thread' + 'ing')\n", "triton"),
+    "getattr_on_torch": ("dynamic_code", triton_answer("", forward="return getattr(torch, 're' + 'lu')(x)"),
+                         "triton"),
+    "star_import": ("dynamic_code", "from torch import *\n" + CLEAN_TRITON, "triton"),
     "import_reference": ("reference_access", "from reference import get_inputs\n" + CLEAN_TRITON, "triton"),
     "import_main": ("reference_access", "import __main__\n" + CLEAN_TRITON, "triton"),
     "calls_reference_model": ("reference_access", triton_answer("", forward="return Model()(x)"), "triton"),
@@ -145,6 +156,9 @@ CLEAN: dict[str, tuple[str, str]] = {
     "helper_with_int_math": (triton_answer(
         "\n    def blocks(self, t, block):\n        return (t.numel() + block - 1) // block\n",
         forward="n_blocks = self.blocks(x, 1024) * 1\n        return launch(x.contiguous())"), "triton"),
+    "shape_checks_and_none_tests": (triton_answer(
+        "", forward="assert x.dim() == 2 and x.shape[1] > 0\n        if x is None or x.numel() == 0:\n"
+                    "            return x\n        return launch(x.contiguous())"), "triton"),
     "extension_held_by_self": (CPP_HEADER.replace('functions=["f"]', 'functions=["matmul"]') +
                                "\nclass ModelNew(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
                                "        self.op = ext\n\n    def forward(self, a, b):\n"
