@@ -34,7 +34,7 @@ from typing import Any
 import psutil
 
 from sandbox.build import build_key, pch_key, task_key
-from sandbox.config import BACKENDS, EvalConfig
+from sandbox.config import BACKENDS, EvalConfig, validate
 from sandbox.result import EvalResult
 
 _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -81,6 +81,17 @@ def detect_gpus() -> list[tuple[int, str]]:
     return gpus
 
 
+def as_eval_config(cfg: Any) -> EvalConfig:
+    """An EvalConfig from itself, or from a Hydra/OmegaConf node or a dict of the same keys."""
+    if isinstance(cfg, EvalConfig):
+        return cfg
+    from omegaconf import OmegaConf
+
+    obj: EvalConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EvalConfig), cfg))  # type: ignore
+    validate(obj)
+    return obj
+
+
 @dataclasses.dataclass
 class _StepOutcome:
     data: dict[str, Any] | None      # the worker's result JSON, None when the worker gave none
@@ -92,8 +103,8 @@ class _StepOutcome:
 class EvalPool:
     """``await pool.evaluate(ref_src, candidate_src, backend)`` -> :class:`EvalResult`."""
 
-    def __init__(self, cfg: EvalConfig):
-        self.cfg = cfg
+    def __init__(self, cfg: EvalConfig | Any):
+        self.cfg = cfg = as_eval_config(cfg)
         self._own_cache = cfg.cache_dir is None
         self.cache = Path(cfg.cache_dir or tempfile.mkdtemp(prefix="sandbox_cache_"))
         for sub in ("builds", "pch", "refs", "work"):

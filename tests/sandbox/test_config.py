@@ -24,3 +24,15 @@ def test_a_wrong_type_is_named():
 def test_a_wrong_backend_is_named():
     with pytest.raises(ValueError, match="sandbox.backend='rocm'"):
         load_default_config(backend="rocm")
+
+
+def test_the_pool_takes_a_hydra_node_and_names_a_wrong_key(tmp_path):
+    from omegaconf import OmegaConf
+
+    from sandbox.config import DEFAULT_YAML
+    from sandbox.pool import EvalPool
+
+    node = OmegaConf.merge(OmegaConf.load(DEFAULT_YAML), {"cache_dir": str(tmp_path)})
+    assert EvalPool(node).cfg.tolerance["float16"].atol == 1e-2
+    with pytest.raises(ConfigKeyError, match="max_concurrnt"):
+        EvalPool(OmegaConf.merge(node, {"max_concurrnt": 2}))
