@@ -17,6 +17,7 @@ class RulesConfig:
     enabled: list[str] = MISSING                 # rule names (rewards.rules.RULES)
     allowed_torch_calls: list[str] = MISSING     # dotted names in ModelNew.forward; "ns.*" for a namespace
     allowed_tensor_methods: list[str] = MISSING  # tensor methods allowed in forward (contiguous, view, ...)
+    allowed_extension_calls: list[str] = MISSING  # torch::/at:: calls allowed in C++/CUDA; "ns::*" for a namespace
 
 
 @dataclass

@@ -32,8 +32,7 @@ class KernelEnv:
         self.pool = eval_pool
         self.backend: str = cfg.backend
         self.enabled_rules = list(cfg.rules.enabled)
-        self.rule_settings = RuleSettings(frozenset(cfg.rules.allowed_torch_calls),
-                                          frozenset(cfg.rules.allowed_tensor_methods))
+        self.rule_settings = RuleSettings.from_config(cfg.rules)
         levels = list(cfg.levels)
         if cfg.tasks == "builtin":
             all_tasks = load_builtin(levels, profile=cfg.profile, skip_invalid=cfg.skip_invalid_tasks)

@@ -11,6 +11,7 @@ import ast
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -19,13 +20,27 @@ from rewards.analysis import LOAD_INLINE, TORCH_ALLOCATORS, VIEW_METHODS, Answer
 
 @dataclass(frozen=True)
 class RuleSettings:
-    allowed_torch_calls: frozenset[str]     # dotted names; "prefix.*" allows a whole namespace
-    allowed_tensor_methods: frozenset[str]  # method names allowed on tensors in forward
+    allowed_torch_calls: frozenset[str]      # dotted names; "prefix.*" allows a whole namespace
+    allowed_tensor_methods: frozenset[str]   # method names allowed on tensors in forward (and in C++)
+    allowed_extension_calls: frozenset[str]  # torch::/at:: names C++/CUDA sources may call; "ns::*" too
+
+    @classmethod
+    def from_config(cls, rules_cfg: Any) -> "RuleSettings":
+        return cls(frozenset(rules_cfg.allowed_torch_calls), frozenset(rules_cfg.allowed_tensor_methods),
+                   frozenset(rules_cfg.allowed_extension_calls))
 
     def torch_call_allowed(self, name: str) -> bool:
-        if name in self.allowed_torch_calls:
-            return True
-        return any(p.endswith(".*") and name.startswith(p[:-1]) for p in self.allowed_torch_calls)
+        return _allowed(name, self.allowed_torch_calls, ".")
+
+    def extension_call_allowed(self, name: str) -> bool:
+        return _allowed(name, self.allowed_extension_calls, "::")
+
+
+def _allowed(name: str, allowed: frozenset[str], sep: str) -> bool:
+    if name in allowed:
+        return True
+    star = f"{sep}*"
+    return any(p.endswith(star) and name.startswith(p[:-1]) for p in allowed)
 
 
 @dataclass(frozen=True)
@@ -291,6 +306,31 @@ def _check_torch_compute(a: Answer, s: RuleSettings) -> list[str]:
     return reasons
 
 
+# ---------------------------------------------------------------- compute inside C++/CUDA sources
+_CPP_NAMESPACED_CALL = re.compile(r"\b((?:torch|at)(?:::\w+)+)\s*(?:<[^<>;()]*>)?\s*\(")
+_CPP_METHOD_CALL = re.compile(r"\.\s*(\w+)\s*(?:<[^<>;()]*>)?\s*\(")
+_CPP_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
+
+
+def _extension_sources(a: Answer) -> list[str]:
+    """String constants that are C++/CUDA code (what load_inline compiles)."""
+    marks = ("#include", "torch::", "at::", "__global__", "PYBIND11", "TORCH_LIBRARY")
+    return [t for t in a.string_constants() if any(m in t for m in marks)]
+
+
+def _check_extension_compute(a: Answer, s: RuleSettings) -> list[str]:
+    out = []
+    for text in _extension_sources(a):
+        code = _CPP_COMMENT.sub("", text)
+        for m in _CPP_NAMESPACED_CALL.finditer(code):
+            if not s.extension_call_allowed(m.group(1)):
+                out.append(f"kernel source calls {m.group(1)}(): ATen computes, not your kernel")
+        for m in _CPP_METHOD_CALL.finditer(code):
+            if m.group(1) in COMPUTE_METHODS and m.group(1) not in s.allowed_tensor_methods:
+                out.append(f"kernel source calls .{m.group(1)}() on a tensor: ATen computes, not your kernel")
+    return list(dict.fromkeys(out))
+
+
 # ---------------------------------------------------------------- structure hacks
 def _check_try_except(a: Answer, s: RuleSettings) -> list[str]:
     out = []
@@ -503,6 +543,8 @@ RULES: dict[str, Rule] = {r.name: r for r in [
     Rule("torch_compute_in_forward", "ModelNew.forward and the helpers it calls may allocate and reshape "
          "tensors but must not compute with torch ops, torch.nn layers, torch.nn.functional, tensor "
          "methods or tensor arithmetic.", _check_torch_compute),
+    Rule("torch_compute_in_extension", "The C++/CUDA sources may allocate tensors and query their shape but "
+         "must not call ATen/torch compute (torch::matmul, at::softmax, x.sum(), ...).", _check_extension_compute),
     Rule("try_except", "No try/except: a fallback would hide a failing kernel.", _check_try_except),
     Rule("inherits_reference", "ModelNew must not subclass or alias the reference Model.",
          _check_inherits_reference),

@@ -100,6 +100,12 @@ ADVERSARIAL: dict[str, tuple[str, str, str]] = {
         "", forward="return Fn.apply(x)",
         prelude="class Fn(torch.autograd.Function):\n    @staticmethod\n    def forward(ctx, x):\n"
                 "        return x.clamp(min=0)\n"), "triton"),
+    "aten_matmul_in_cpp": ("torch_compute_in_extension", CPP_HEADER.replace(
+        "{ return x; }", "{ return torch::matmul(x, x.t()); }"), "cpu"),
+    "tensor_method_in_cuda_source": ("torch_compute_in_extension", CPP_HEADER.replace(
+        "load_inline(", "load_inline(cuda_sources=CU, ").replace(
+        "SRC =", 'CU = "__global__ void k() {}\\ntorch::Tensor g(torch::Tensor x) { return x.softmax(1); }"\nSRC =')
+        + "\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return ext.f(x)\n", "cuda"),
     "cuda_stream": ("cuda_streams", triton_answer(
         "", forward="s = torch.cuda.Stream()\n        with torch.cuda.stream(s):\n            return launch(x)"),
         "triton"),

@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 
 from rewards.config import load_reward_config
@@ -6,7 +8,7 @@ from rewards.solutions import BACKENDS, available, load_solution
 from tests.rewards.answers import ADVERSARIAL, CLEAN, CLEAN_TRITON, triton_answer
 
 CFG = load_reward_config("kernel")
-SETTINGS = RuleSettings(frozenset(CFG.rules.allowed_torch_calls), frozenset(CFG.rules.allowed_tensor_methods))
+SETTINGS = RuleSettings.from_config(CFG.rules)
 
 
 def broken(src: str, backend: str, enabled=None, settings=SETTINGS) -> set[str]:
@@ -43,10 +45,10 @@ def test_disabled_rule_is_not_checked():
 
 def test_allowlist_is_configurable():
     # torch.empty_like is allowed by default; without it the clean answer's allocation trips the rule
-    strict = RuleSettings(SETTINGS.allowed_torch_calls - {"torch.empty_like"}, SETTINGS.allowed_tensor_methods)
+    strict = replace(SETTINGS, allowed_torch_calls=SETTINGS.allowed_torch_calls - {"torch.empty_like"})
     assert "torch_compute_in_forward" in broken(CLEAN_TRITON, "triton", settings=strict)
     # and allowing a compute op lets it through
-    relaxed = RuleSettings(SETTINGS.allowed_torch_calls | {"torch.relu"}, SETTINGS.allowed_tensor_methods)
+    relaxed = replace(SETTINGS, allowed_torch_calls=SETTINGS.allowed_torch_calls | {"torch.relu"})
     assert broken(triton_answer("", forward="return torch.relu(launch(x))"), "triton", settings=relaxed) == set()
 
 
