@@ -322,6 +322,8 @@ def _check_extension_compute(a: Answer, s: RuleSettings) -> list[str]:
     out = []
     for text in _extension_sources(a):
         code = _CPP_COMMENT.sub("", text)
+        for m in re.finditer(r"\busing\s+namespace\s+((?:torch|at)(?:::\w+)*)\s*;", code):
+            out.append(f"kernel source has 'using namespace {m.group(1)}', which hides which ATen calls it makes")
         for m in _CPP_NAMESPACED_CALL.finditer(code):
             if not s.extension_call_allowed(m.group(1)):
                 out.append(f"kernel source calls {m.group(1)}(): ATen computes, not your kernel")

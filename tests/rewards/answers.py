@@ -102,6 +102,9 @@ ADVERSARIAL: dict[str, tuple[str, str, str]] = {
                 "        return x.clamp(min=0)\n"), "triton"),
     "aten_matmul_in_cpp": ("torch_compute_in_extension", CPP_HEADER.replace(
         "{ return x; }", "{ return torch::matmul(x, x.t()); }"), "cpu"),
+    "using_namespace_torch": ("torch_compute_in_extension", CPP_HEADER.replace(
+        'SRC = "', 'SRC = "using namespace torch; ') + "\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
+        "        return ext.f(x)\n", "cpu"),
     "tensor_method_in_cuda_source": ("torch_compute_in_extension", CPP_HEADER.replace(
         "load_inline(", "load_inline(cuda_sources=CU, ").replace(
         "SRC =", 'CU = "__global__ void k() {}\\ntorch::Tensor g(torch::Tensor x) { return x.softmax(1); }"\nSRC =')
