@@ -78,6 +78,11 @@ def load_kernelbench(root: str | Path, levels: Iterable[int] = (1, 2), profile: 
                 if not skip_invalid:
                     raise
                 log.warning("skipping invalid task: %s", e)
+    if profile == "cpu":
+        unsized = [t.id for t in tasks if "CPU_SIZES" not in Path(t.path).read_text()]
+        if unsized:
+            log.warning("profile 'cpu': %d task(s) under %s declare no CPU_SIZES and keep their full sizes "
+                        "(e.g. %s)", len(unsized), root, ", ".join(unsized[:3]))
     return tasks
 
 

@@ -105,6 +105,12 @@ def test_profile_rewrites_sizes(checkout):
         apply_profile(task.source, "x.py", "huge")
 
 
+def test_cpu_profile_warns_about_files_without_cpu_sizes(tmp_path, caplog):
+    write(tmp_path, "level1/1_Plain.py", TASK.format(expr="x").replace('CPU_SIZES = {"N": 8}\n', ""))
+    (task,) = load_kernelbench(tmp_path, [1], profile="cpu")
+    assert "N = 1024" in task.source and "declare no CPU_SIZES" in caplog.text
+
+
 def test_missing_level_and_root_are_errors_naming_them(checkout, tmp_path):
     with pytest.raises(TaskError, match="level3"):
         load_kernelbench(checkout, levels=[3])
