@@ -12,6 +12,7 @@ import asyncio
 import random
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -101,6 +102,8 @@ class Loop:
         self.timeline_every = timeline_every
         self.start_step, self.version, self.pending = start_step, version, pending
         self.history: list[dict[str, float]] = []
+        self._drawer: ThreadPoolExecutor | None = None
+        self._pending_draws: list[Future] = []
 
     # ---- the two halves --------------------------------------------------------------
     async def generate(self, step: int, version: int) -> Generated:
@@ -132,7 +135,9 @@ class Loop:
         lag = [trainer_version - s.policy_version for s in gen.samples]
         metrics["pipeline/policy_lag"] = sum(lag) / len(lag) if lag else 0.0
         metrics["pipeline/policy_lag_max"] = float(max(lag, default=0))
-        batch = self.p.build_batch(gen.samples, gen.step)
+        # in a thread: padding a large batch is real work, and the event loop must keep
+        # draining the sampler streams of the batch being generated alongside
+        batch = await asyncio.to_thread(self.p.build_batch, gen.samples, gen.step)
         metrics.update({k: float(v) for k, v in getattr(batch, "metrics", {}).items()
                         if isinstance(v, (int, float))})
         rows = 0 if batch is None else int(batch.input_ids.shape[0])
@@ -193,7 +198,6 @@ class Loop:
             metrics["pipeline/weights_version"] = float(self.version)
             self._log(step, metrics, cur.samples)
             self._maybe_checkpoint(step, nxt)
-        self.p.timeline.to_jsonl(self.p.run_dir / "timeline.jsonl")
         self._draw(cfg.steps - 1, final=True)
         return self.history
 
@@ -222,17 +226,38 @@ class Loop:
 
     def _log(self, step: int, metrics: dict[str, float], samples: list[Sample]) -> None:
         self.history.append({"step": step, **metrics})
+        self._log_drawn(step, wait=False)
         self.p.logger.log(step, metrics)
         self.p.logger.log_table(step, samples, self.p.decode)
         if self.timeline_every > 0 and (step + 1) % self.timeline_every == 0:
             self._draw(step)
 
     def _draw(self, step: int, final: bool = False) -> None:
+        """Draw off the step's critical path (matplotlib costs ~0.3 s a figure, ~1 s the first);
+        the image is logged with the next step's metrics (W&B steps only go forward)."""
         if not self.p.timeline.spans:
             return
-        path = self.p.timeline.draw(self.p.run_dir / "timeline.png",
-                                    title=f"{self.cfg.mode}: step {step}")
-        self.p.logger.log_image(step, "timeline", path)
+        if self._drawer is None:
+            self._drawer = ThreadPoolExecutor(1, thread_name_prefix="timeline")
+        snapshot = Timeline()
+        snapshot.spans = list(self.p.timeline.spans)
+        run_dir, title = self.p.run_dir, f"{self.cfg.mode}: step {step}"
+
+        def job() -> Path:
+            snapshot.to_jsonl(run_dir / "timeline.jsonl")
+            return snapshot.draw(run_dir / "timeline.png", title=title)
+
+        self._pending_draws.append(self._drawer.submit(job))
+        if final:
+            self._log_drawn(step, wait=True)
+            self._drawer.shutdown(wait=True)
+            self._drawer = None
+
+    def _log_drawn(self, step: int, wait: bool) -> None:
+        while self._pending_draws and (wait or self._pending_draws[0].done()):
+            path = self._pending_draws.pop(0).result()
+            if not self._pending_draws:  # only the newest image is worth a log entry
+                self.p.logger.log_image(step, "timeline", path)
 
     def _maybe_checkpoint(self, step: int, nxt: Generated | None) -> None:
         c = self.p.checkpoint_cfg

@@ -63,6 +63,12 @@ class Session:
             raise
 
     def _build(self, cfg: Config, run_dir: Path, resolved: dict[str, Any]) -> None:
+        import matplotlib  # both import in seconds on first use: pay it before the loop, not in step 0
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401
+        import verl.trainer.ppo.core_algos  # noqa: F401
+
         from pipeline.algorithms import build_train_batch, rollout_metrics
         from pipeline.loop import Loop, LoopParts
         from pipeline.metrics import MetricsLogger

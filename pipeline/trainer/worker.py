@@ -76,6 +76,10 @@ class TrainerWorker:
             backend, init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank,
             world_size=self.world_size, timeout=timedelta(seconds=self.cfg.init_timeout_s))
         torch.manual_seed(self.cfg.seed)
+        # verl's loss and log-prob helpers import in seconds: pay it now, not inside step 0
+        import verl.trainer.ppo.core_algos  # noqa: F401
+        import verl.utils.torch_functional  # noqa: F401
+
         self._build_model(resume_dir)
         self._build_optimizer()
         if resume_dir:
