@@ -39,3 +39,15 @@ async def test_a_lost_worker_is_retried_and_the_evaluation_still_completes(sandb
         await killer
         assert pool.stats()["lost_workers"] == 1
     assert res.correct, res
+
+
+async def test_the_cuda_backend_without_a_gpu_is_a_sandbox_error_not_a_crash(sandbox_cfg):
+    import shutil
+
+    import pytest
+
+    if shutil.which("nvidia-smi"):
+        pytest.skip("a GPU driver is present")
+    async with EvalPool(sandbox_cfg) as pool:
+        res = await pool.evaluate(fixture_source("tasks/relu.py"), SLOW_CORRECT, "cuda")
+    assert res.error_kind == "sandbox_error" and "GPU" in res.error and not res.correct
