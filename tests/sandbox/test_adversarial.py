@@ -5,6 +5,7 @@ right after it.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import textwrap
@@ -171,7 +172,10 @@ async def test_the_network_is_unreachable(sandbox_cfg):
     assert "netns" in res.isolation or "landlock_tcp" in res.isolation
 
 
-async def test_background_processes_left_behind_are_killed(sandbox_cfg):
+@pytest.mark.parametrize("pid_namespace", [True, False], ids=["pidns", "no-pidns"])
+async def test_background_processes_left_behind_are_killed(sandbox_cfg, pid_namespace):
+    # Without a PID namespace (no root, no user namespaces) the environment-marker sweep does it.
+    sandbox_cfg = dataclasses.replace(sandbox_cfg, pid_namespace=pid_namespace)
     marker = f"{time.time_ns() % 10**9}.25"
     src = forward(
         "import subprocess\n"
@@ -183,6 +187,7 @@ async def test_background_processes_left_behind_are_killed(sandbox_cfg):
     async with EvalPool(sandbox_cfg) as pool:
         res = await pool.evaluate(RELU, src, "cpu")
     assert res.correct, res
+    assert ("pidns" in res.isolation) == pid_namespace
     time.sleep(0.5)
     left = [p.pid for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
     assert left == []
