@@ -203,12 +203,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="directory for selfcheck.json")
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--only", default=None, help="comma-separated case names")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a sandbox config value (YAML syntax), e.g. restrict_writes=false")
     a = ap.parse_args(argv)
     cases = cuda_cases() if a.backend == "cuda" else cpu_cases()
     if a.only:
         keep = set(a.only.split(","))
         cases = [c for c in cases if c.name in keep]
     overrides = {"run_timeout_s": 60, "timing_runs": 20, "cache_dir": a.cache_dir}
+    for item in a.set:
+        import yaml
+
+        key, _, value = item.partition("=")
+        overrides[key] = yaml.safe_load(value)
     rows = asyncio.run(run_cases(cases, overrides))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
