@@ -8,7 +8,10 @@ from rewards.parse import Parsed
 from rewards.rules import RULES, Violation
 from sandbox.result import EvalResult
 
-_ERROR_LINE = re.compile(r"(\berror\b|error:|Error|undefined reference|FAILED|fatal)", re.IGNORECASE)
+_FIRST_ERROR = (re.compile(r"\berror\b\s*[:(#]", re.IGNORECASE),      # compiler diagnostics
+                re.compile(r"\b\w*(Error|Exception)\b|undefined reference|fatal", re.IGNORECASE))
+_BUILD_NOISE = re.compile(r"^\s*(\[\d+/\d+\]|FAILED:|ninja: |(c\+\+|g\+\+|gcc|clang\+*|nvcc|/\S*nvcc)\s+-)")
+_LONG_PATH = re.compile(r"(?:/[\w.+@-]+)+/([\w.+@-]+)")
 
 _PARSE_HINTS = {
     "too_long": "Your response was too long ({detail}). Keep the reasoning short and give one code block.",
@@ -26,14 +29,20 @@ _FORMAT_REMINDER = ("Answer with a brief summary of your approach followed by ex
 def trim_log(log: str | None, limit: int) -> str:
     """The part of a compiler/runtime log a person would read first: the first error lines.
 
-    Starts a couple of lines before the first line that looks like an error and keeps ``limit``
-    characters from there; the full log stays in the evaluator record.
+    Build-tool noise (ninja progress, FAILED lines, compiler command lines) is dropped and
+    absolute paths are cut to file names; the text starts two lines before the first diagnostic
+    that says "error" and keeps ``limit`` characters. The full log stays in the evaluator record.
     """
     if not log:
         return ""
-    lines = log.strip().splitlines()
-    first = next((i for i, line in enumerate(lines) if _ERROR_LINE.search(line)), 0)
-    text = "\n".join(lines[max(0, first - 2):])
+    lines = [_LONG_PATH.sub(r"\1", line) for line in log.strip().splitlines() if not _BUILD_NOISE.match(line)]
+    first = 0
+    for pattern in _FIRST_ERROR:
+        hit = next((i for i, line in enumerate(lines) if pattern.search(line)), None)
+        if hit is not None:
+            first = hit
+            break
+    text = "\n".join(lines[max(0, first - 2):]).strip()
     if len(text) > limit:
         text = text[:limit].rstrip() + "\n... (truncated)"
     return text

@@ -1,6 +1,6 @@
 """KernelEnv end to end with the real sandbox pool (real compiler, real Triton interpreter).
 
-Cold compiles in this module: 2 (the cpu answer and its off-by-one twin). Triton runs in the
+Cold compiles in this module: 3 (the cpu answer, its off-by-one twin, and a typo that fails to build). Triton runs in the
 interpreter on CPU: no compile. Adversarial answers are rejected by the rules before the pool.
 """
 import asyncio
@@ -38,12 +38,17 @@ async def test_cpu_correct_answer_scores_and_off_by_one_scores_zero(kernel_cache
     env = make_env("cpu", kernel_cache_dir)
     good = load_solution("cpu", FUSED)
     off_by_one = good.replace("for (int64_t i = 0; i < n; ++i)", "for (int64_t i = 0; i < n - 1; ++i)")
-    assert off_by_one != good
+    typo = good.replace("std::tanh(", "std::tanhh(")
+    assert off_by_one != good and typo != good
     task = ref(env, FUSED)
     try:
-        ok, bad = await asyncio.gather(env.evaluate(task, reply(good)), env.evaluate(task, reply(off_by_one)))
+        ok, bad, broken = await asyncio.gather(env.evaluate(task, reply(good)), env.evaluate(task, reply(off_by_one)),
+                                               env.evaluate(task, reply(typo)))
     finally:
         await env.aclose()
+    assert broken.score == 0.0 and not broken.compiled and broken.error_kind == "compile_error", broken.feedback
+    assert "tanhh" in broken.feedback and "failed to compile" in broken.feedback
+    assert len(broken.feedback) < 2000  # trimmed to the first errors
     assert ok.correct and ok.compiled and ok.parse_ok and ok.error_kind is None, ok.feedback
     assert ok.score > 0.3 and ok.speedup is not None and ok.score == pytest.approx(0.3 + min(ok.speedup, 10.0))
     assert "speedup" in ok.feedback and ok.summary == "I wrote one fused kernel." and "load_inline" in ok.answer

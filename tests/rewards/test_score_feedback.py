@@ -55,6 +55,20 @@ def test_trim_log_starts_at_first_error():
     assert len(text) <= 320 and text.endswith("(truncated)")
 
 
+def test_trim_log_drops_build_noise_and_host_paths():
+    log = ("FAILED: [code=1] main.o\n"
+           "c++ -MMD -MF main.o.d -isystem /opt/venv/torch/include -c /cache/builds/ab12/ext/main.cpp -o main.o\n"
+           "/cache/builds/ab12/ext/main.cpp: In function 'at::Tensor f(at::Tensor)':\n"
+           "/cache/builds/ab12/ext/main.cpp:16:21: error: 'tanhh' is not a member of 'std'\n"
+           "ninja: build stopped: subcommand failed.\n")
+    text = trim_log(log, 1000)
+    assert text.startswith("main.cpp: In function") and "main.cpp:16:21: error: 'tanhh'" in text
+    assert "/cache/" not in text and "-isystem" not in text and "FAILED" not in text and "ninja" not in text
+    tb = 'Traceback (most recent call last):\n  File "/tmp/w/cand.py", line 3, in forward\n    y = x.foo()\n' \
+         "AttributeError: 'Tensor' object has no attribute 'foo'"
+    assert trim_log(tb, 1000).startswith('File "cand.py", line 3, in forward')
+
+
 def test_feedback_messages_by_outcome():
     compile_err = EvalResult(stage="compile", error_kind="compile_error",
                              error="ninja: build stopped\nk.cpp:3:1: error: expected ';' before '}' token")
