@@ -472,16 +472,25 @@ def _check_file_or_network(a: Answer, s: RuleSettings) -> list[str]:
             out.append(f"{_line(call)}: open() reads or writes files")
         elif _FILE_CALLS.match(name):
             out.append(f"{_line(call)}: {name}() touches the file system")
-        elif isinstance(f, ast.Attribute) and f.attr in _PATH_METHODS and a.dotted(f.value) is None and \
-                not _is_extension(a, f.value) and _mentions_path(a, f.value):
+        elif isinstance(f, ast.Attribute) and f.attr in _PATH_METHODS and _is_pathlike(a, f.value):
             out.append(f"{_line(call)}: .{f.attr}() on a path touches the file system")
     return out
 
 
-def _mentions_path(a: Answer, node: ast.AST) -> bool:
-    """``Path(...).write_text``/``p.write_text`` where the file imports pathlib."""
-    uses_pathlib = any(v == "pathlib" or v.startswith("pathlib.") for v in a.aliases.values())
-    return uses_pathlib or isinstance(node, ast.Call)
+def _is_pathlike(a: Answer, node: ast.AST) -> bool:
+    """``Path(...)``, ``Path(...).parent / "x"`` or a name bound to one (pathlib objects touch files)."""
+    while isinstance(node, (ast.Attribute, ast.BinOp, ast.Subscript)):
+        node = node.left if isinstance(node, ast.BinOp) else node.value
+    if isinstance(node, ast.Call):
+        return (a.call_name(node) or "").startswith("pathlib.")
+    if isinstance(node, ast.Name):
+        paths = a.memo.get("path_names")
+        if paths is None:
+            paths = a.memo["path_names"] = {
+                t.id for n in ast.walk(a.tree) if isinstance(n, ast.Assign) and _is_pathlike(a, n.value)
+                for t in n.targets if isinstance(t, ast.Name)}
+        return node.id in paths
+    return False
 
 
 def _check_environment(a: Answer, s: RuleSettings) -> list[str]:

@@ -130,6 +130,8 @@ ADVERSARIAL: dict[str, tuple[str, str, str]] = {
                    "triton"),
     "pathlib_write": ("file_or_network", "import pathlib\n" + CLEAN_TRITON +
                       "\npathlib.Path('/tmp/out.txt').write_text('hi')\n", "triton"),
+    "path_read_via_name": ("file_or_network", "from pathlib import Path\n" + CLEAN_TRITON +
+                           "\nHERE = Path(__file__).parent\nSECRET = (HERE / 'ref.py').read_text()\n", "triton"),
     "network": ("file_or_network", "import urllib.request\n" + CLEAN_TRITON +
                 "\nurllib.request.urlopen('http://example.com')\n", "triton"),
     "socket": ("file_or_network", "import socket\n" + CLEAN_TRITON, "triton"),
@@ -168,6 +170,10 @@ CLEAN: dict[str, tuple[str, str]] = {
     "shape_checks_and_none_tests": (triton_answer(
         "", forward="assert x.dim() == 2 and x.shape[1] > 0\n        if x is None or x.numel() == 0:\n"
                     "            return x\n        return launch(x.contiguous())"), "triton"),
+    "string_replace_with_pathlib_imported": ("import pathlib\n" + CPP_HEADER.replace(
+        'SRC = "torch::Tensor f(torch::Tensor x) { return x; }"',
+        'SRC = "torch::Tensor f(torch::Tensor x) { return x; } // N".format().replace("N", "4")') +
+        "\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return ext.f(x)\n", "cpu"),
     "extension_held_by_self": (CPP_HEADER.replace('functions=["f"]', 'functions=["matmul"]') +
                                "\nclass ModelNew(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
                                "        self.op = ext\n\n    def forward(self, a, b):\n"
