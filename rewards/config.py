@@ -58,9 +58,11 @@ def _load_group_yaml(name: str, seen: tuple[str, ...] = ()) -> Any:
     return OmegaConf.merge(*parts) if parts else node
 
 
-def load_reward_config(name: str = "kernel", **overrides: Any) -> RewardConfig:
-    """``conf/reward/<name>.yaml`` merged onto the schema, then ``overrides`` (dotted keys allowed)."""
+def load_reward_config(name: str = "kernel", dotlist: list[str] | None = None, **overrides: Any) -> RewardConfig:
+    """``conf/reward/<name>.yaml`` merged onto the schema, then ``dotlist`` (``["levels=[2]"]``,
+    values parsed as YAML), then ``overrides`` (Python values; dotted keys allowed)."""
     merged = OmegaConf.merge(OmegaConf.structured(RewardConfig), _load_group_yaml(name),
+                             OmegaConf.from_dotlist(list(dotlist or [])),
                              OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items() if "." in k]),
                              OmegaConf.create({k: v for k, v in overrides.items() if "." not in k}))
     cfg: RewardConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
