@@ -1,4 +1,5 @@
 """FSDP2 trainer on CPU (gloo): a real 2-process data-parallel step equals the 1-process step."""
+import dataclasses
 import random
 from concurrent.futures import ThreadPoolExecutor
 
@@ -55,9 +56,11 @@ def configs():
     return model, trainer, algo
 
 
-def run_step(ray_local, configs, world_size, batch):
+def run_step(ray_local, configs, world_size, batch, correction="off"):
     model_cfg, trainer_cfg, algo_cfg = configs
-    res = group(ResourcesConfig, "resources/default", **{"trainer.cpu_ranks": world_size})
+    algo_cfg = dataclasses.replace(algo_cfg, off_policy_correction=correction)
+    res = group(ResourcesConfig, "resources/default", **{"trainer.cpu_ranks": world_size,
+                                                         "sampler.cpus_per_worker": 0.01})
     pools = create_pools(res)
     trainer = TrainerGroup(pools.trainer, model_cfg, trainer_cfg, algo_cfg, MAX_RESPONSE,
                            temperature=1.0, total_optim_steps=4)
@@ -70,14 +73,28 @@ def run_step(ray_local, configs, world_size, batch):
     return metrics, weights
 
 
-def test_two_ranks_equal_one_rank(ray_local, configs):
+def teacher_forced_log_probs(model, samples):
+    """What the trainer recomputes as old log-probs, written where the sampler's go."""
+    for s in samples:
+        ids = torch.tensor([s.prompt_ids + s.response_ids])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(s.prompt_ids) - 1:-1]
+        lp = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(s.response_ids)[:, None])
+        s.logprobs = lp[:, 0].tolist()
+
+
+def test_two_ranks_equal_one_rank_and_corrections_agree(ray_local, configs):
     model_cfg, _, algo_cfg = configs
     model, tok = load_model_and_tokenizer(model_cfg)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
-    batch = build_train_batch(make_samples(len(tok)), algo_cfg, MAX_RESPONSE, tok.pad_token_id)
+    samples = make_samples(len(tok))
+    teacher_forced_log_probs(model, samples)
+    batch = build_train_batch(samples, algo_cfg, MAX_RESPONSE, tok.pad_token_id)
     assert batch.input_ids.shape[0] >= 6
-    with ThreadPoolExecutor(2) as ex:  # both groups start at once: actor start-up dominates
-        (m1, w1), (m2, w2) = ex.map(lambda ws: run_step(ray_local, configs, ws, batch), (1, 2))
+    runs = [(1, "off"), (2, "off"), (1, "bypass"), (1, "tis")]
+    with ThreadPoolExecutor(len(runs)) as ex:  # all groups start at once: actor start-up dominates
+        (m1, w1), (m2, w2), (mb, wb), (mt, wt) = ex.map(
+            lambda r: run_step(ray_local, configs, r[0], batch, r[1]), runs)
     assert m1["actor/mini_batches"] == 2 and m1["actor/micro_batches"] >= 2
     assert m1["actor/loss"] == pytest.approx(m2["actor/loss"], rel=1e-4, abs=1e-6)
     assert m1["actor/grad_norm"] == pytest.approx(m2["actor/grad_norm"], rel=1e-4)
@@ -90,3 +107,8 @@ def test_two_ranks_equal_one_rank(ray_local, configs):
     # up at 1e-6; 2e-5 is 2 % of one step's move
     for k in w1:
         torch.testing.assert_close(w1[k], w2[k], rtol=1e-4, atol=2e-5)
+    # the sampler's log-probs equal the recomputed ones here, so using them as the old policy
+    # (bypass) or reweighting by their ratio (tis, weights 1) must train exactly like "off"
+    for m in (mb, mt):
+        assert m["actor/loss"] == pytest.approx(m1["actor/loss"], rel=1e-3, abs=1e-6)
+        assert m["actor/grad_norm"] == pytest.approx(m1["actor/grad_norm"], rel=1e-3)
