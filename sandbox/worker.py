@@ -387,7 +387,9 @@ def _candidate_process(req: dict[str, Any], task: Any, chan: _Channel) -> None:
         outputs = []
         for i in range(int(req["trials"])):
             inputs = protocol.clone_inputs(protocol.make_inputs(task, seed + 1 + i, device))
-            protocol.poison_memory(int(req["poison_bytes"]), device)
+            # outputs are usually about as large as the inputs: poison at least that much
+            in_bytes = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
+            protocol.poison_memory(max(int(req["poison_bytes"]), 2 * in_bytes), device)
             outputs.append(protocol.run_once(model, inputs, device, "candidate"))
         torch.save(outputs, Path(req["workdir"]) / "candidate_outputs.pt")
         wall["correctness"] = round(time.perf_counter() - t, 3)
