@@ -71,6 +71,11 @@ CASES = {
         "torch.nn.functional.relu = lambda t, inplace=False: torch.zeros_like(t)\n"
         "class ModelNew(nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n"),
         "wrong_output", "max abs error"),
+    "overrides_the_aten_kernel_to_corrupt_the_reference": (candidate(
+        "_lib = torch.library.Library('aten', 'IMPL')\n"
+        "_lib.impl('relu', lambda t: torch.zeros_like(t), 'CPU')\n"
+        "class ModelNew(nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n"),
+        "wrong_output", "max abs error"),
     "no_model_new": (candidate("class Model(nn.Module):\n    pass\n"), "load_error", "ModelNew"),
     "syntax_error": (candidate("class ModelNew(nn.Module)\n    pass\n"), "load_error", "SyntaxError"),
     "raises_at_import": (candidate("raise ImportError('missing dependency')\n"), "load_error", "missing dependency"),
