@@ -362,7 +362,9 @@ class EvalPool:
                  "MAX_JOBS": str(cfg.max_jobs), "OMP_NUM_THREADS": str(cfg.cpu_threads),
                  "MKL_NUM_THREADS": str(cfg.cpu_threads), "PYTHONDONTWRITEBYTECODE": "1",
                  "PYTHONNOUSERSITE": "1", "PYTHONPATH": _PROJECT_ROOT, "TRITON_CACHE_DIR": str(build_dir / "triton"),
-                 "CUDA_VISIBLE_DEVICES": str(gpu[0]) if gpu else "", _MARKER: marker}
+                 # nvidia-smi numbers GPUs in PCI order; make CUDA agree
+                 "CUDA_VISIBLE_DEVICES": str(gpu[0]) if gpu else "", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                 _MARKER: marker}
         if arch:
             extra["TORCH_CUDA_ARCH_LIST"] = arch
         if backend == "triton" and gpu is None:
