@@ -69,8 +69,15 @@ def _replace(node: Any, **values: Any) -> Any:
     return node
 
 
-async def _collect(pool: Any, tasks: list[Any]) -> list[Sample]:
-    return [s async for s in pool.generate(0, tasks, 0)]
+async def _collect(pool: Any, tasks: list[Any], expected: int) -> list[Sample]:
+    from tqdm import tqdm
+
+    out = []
+    with tqdm(total=expected, desc="evaluate", file=sys.stderr, dynamic_ncols=True) as bar:
+        async for s in pool.generate(0, tasks, 0):
+            out.append(s)
+            bar.update(1)
+    return out
 
 
 def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, float]:
@@ -108,7 +115,7 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, float]:
                 tasks = tasks[:ev.max_tasks]
             if not tasks:
                 raise ValueError(f"evaluate.split={ev.split!r} has no tasks")
-            samples = asyncio.run(_collect(pool, tasks))
+            samples = asyncio.run(_collect(pool, tasks, len(tasks) * rollout.n_trajectories * rollout.turns))
         finally:
             pool.shutdown()
     finally:

@@ -174,6 +174,7 @@ class Loop:
                 t0 = time.time()
                 nxt = await self.generate(self.start_step, self.version)
                 prologue = time.time() - t0
+        steps_bar = _bar(cfg.progress, cfg.steps, "steps", position=1, initial=self.start_step)
         for step in range(self.start_step, cfg.steps):
             t_step = time.time()
             if cfg.mode == "sync":
@@ -198,6 +199,11 @@ class Loop:
             metrics["pipeline/weights_version"] = float(self.version)
             self._log(step, metrics, cur.samples)
             self._maybe_checkpoint(step, nxt)
+            if steps_bar is not None:
+                steps_bar.set_postfix_str(f"reward {metrics.get('reward/mean', 0.0):.3f}")
+                steps_bar.update(1)
+        if steps_bar is not None:
+            steps_bar.close()
         self._draw(cfg.steps - 1, final=True)
         return self.history
 
@@ -273,9 +279,11 @@ async def _none() -> None:
     return None
 
 
-def _bar(enabled: bool, total: int, desc: str) -> Any:
+def _bar(enabled: bool, total: int, desc: str, position: int = 0, initial: int = 0) -> Any:
+    """tqdm on stderr: samples of the batch being generated (and scored); training steps."""
     if not enabled:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, leave=False, file=sys.stderr, dynamic_ncols=True)
+    return tqdm(total=total, desc=desc, leave=position > 0, file=sys.stderr, dynamic_ncols=True,
+                position=position, initial=initial)

@@ -147,7 +147,9 @@ class MetricsLogger:
         if "console" in self.cfg.backends:
             keys = [k for k in self.cfg.console_keys if k in scalars]
             line = "  ".join(f"{k.split('/')[-1]}={scalars[k]:.4g}" for k in keys)
-            print(f"[step {step}] {line}", file=sys.stderr, flush=True)
+            from tqdm import tqdm
+
+            tqdm.write(f"[step {step}] {line}", file=sys.stderr)  # above any progress bar
 
     def log_table(self, step: int, samples: list[Sample], decode: Any = None) -> None:
         if self.cfg.table_every <= 0 or step % self.cfg.table_every:
