@@ -33,7 +33,7 @@ from typing import Any
 
 import psutil
 
-from sandbox.build import build_key, pch_key, task_key
+from sandbox.build import build_key, task_key
 from sandbox.config import BACKENDS, EvalConfig, validate
 from sandbox.result import EvalResult
 

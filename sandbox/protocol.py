@@ -209,7 +209,6 @@ def compare_outputs(new: list[torch.Tensor], ref: list[torch.Tensor], tolerance:
     """None when every output matches; otherwise the first wrong output and how it is wrong."""
     if len(new) != len(ref):
         return Mismatch(None, f"candidate returned {len(new)} outputs, the reference {len(ref)}")
-    worst_abs = worst_rel = 0.0
     for i, (n, r) in enumerate(zip(new, ref)):
         if tuple(n.shape) != tuple(r.shape):
             return Mismatch(i, f"output {i}: shape {tuple(n.shape)}, expected {tuple(r.shape)}")
@@ -223,7 +222,6 @@ def compare_outputs(new: list[torch.Tensor], ref: list[torch.Tensor], tolerance:
         diff = torch.where(torch.isfinite(rf) | torch.isfinite(nf), diff, torch.zeros_like(diff))
         abs_err = float(diff.nan_to_num(nan=math.inf).max())
         rel_err = float((diff / rf.abs().clamp_min(1e-12)).nan_to_num(nan=math.inf).max())
-        worst_abs, worst_rel = max(worst_abs, abs_err), max(worst_rel, rel_err)
         if bool(bad_new.any()):
             count = int(bad_new.sum())
             return Mismatch(i, f"output {i}: {count} NaN/Inf values where the reference is finite",
