@@ -48,6 +48,8 @@ class EvalConfig:
     max_jobs: int = MISSING                # ninja jobs of one build (MAX_JOBS)
     cuda_arch: str | None = MISSING        # TORCH_CUDA_ARCH_LIST; null: the arch of the assigned GPU
     precompiled_header: bool = MISSING     # build torch/extension.h once per flag set and reuse it
+    pch_min_builds: int = MISSING          # a flag set gets a PCH once this many builds used it
+    pch_max_sets: int = MISSING            # at most this many PCHs (~755 MB each) per cache
     poison_bytes: int = MISSING            # NaN-filled memory freed before every candidate run
     output_tail_bytes: int = MISSING       # how much of a worker's stdout/stderr is kept
     lost_worker_retries: int = MISSING     # a worker that vanished without a verdict is rerun this often

@@ -113,6 +113,7 @@ class EvalPool:
         self._compile_slots = asyncio.Semaphore(cfg.compile_workers)
         self._building: dict[str, asyncio.Task] = {}
         self._pch_building: dict[str, asyncio.Task] = {}
+        self._pch_requests: Counter[str] = Counter()
         self._ref_ms: dict[str, float] = {}
         self._live: set[asyncio.subprocess.Process] = set()
         self._gpus: list[tuple[int, str]] | None = None
@@ -322,7 +323,10 @@ class EvalPool:
         if not self.cfg.precompiled_header or self._closed:
             return
         k = json.dumps(flags)
-        if k in self._pch_building:
+        self._pch_requests[k] += 1
+        existing = sum(1 for p in (self.cache / "pch").iterdir() if not p.name.startswith("."))
+        if (k in self._pch_building or self._pch_requests[k] < self.cfg.pch_min_builds
+                or existing + len(self._pch_building) >= self.cfg.pch_max_sets):
             return
         self._pch_building[k] = asyncio.ensure_future(self._build_pch(flags))
 
