@@ -125,6 +125,15 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, float]:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "eval.json").write_text(json.dumps(metrics, indent=1))
+    from pipeline.metrics import MetricsLogger
+
+    logger = MetricsLogger(conf.logger, run_dir, run_name=f"{conf.name}-eval",
+                           resolved_config=OmegaConf.to_container(cfg))
+    try:
+        logger.log(0, metrics)
+        logger.log_table(0, samples)
+    finally:
+        logger.close()
     for k, v in sorted(metrics.items()):
         print(f"{k:32s} {v:.4f}", file=sys.stderr)
     return metrics
