@@ -97,5 +97,10 @@ def report(name: str, args: argparse.Namespace, rows: list[dict[str, Any]],
     return result
 
 
+def progress(name: str, row: dict[str, Any]) -> None:
+    """One finished row at once: a device call cut at its limit still shows what was done."""
+    print(f"[bench.{name}] " + "  ".join(f"{k}={fmt(v)}" for k, v in row.items()), flush=True)
+
+
 def target(met: bool | None) -> str:
     return "n/a" if met is None else ("met" if met else "MISSED")

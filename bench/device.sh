@@ -32,14 +32,14 @@ nproc >>"$res/gpu.txt"; cat "$res/gpu.txt"
 case $part in
 compile)
   step selfcheck 180 $py -m sandbox.selfcheck --backend cuda --out "$res/selfcheck"
-  step sandbox 130 $py -m bench.sandbox --backend cuda --distinct 24 --max-concurrent 16 \
+  step sandbox 200 $py -m bench.sandbox --backend cuda --distinct 16 --max-concurrent 16 \
        --compile-workers 14 --max-jobs 2 --out "$res/sandbox_cuda.json"
-  step reward_streaming 120 $py -m bench.reward_streaming --backend cuda --compiled 12 --cheap 12 \
+  step reward_streaming 170 $py -m bench.reward_streaming --backend cuda --compiled 12 --cheap 12 \
        --gen-seconds 20 --max-concurrent 16 --compile-workers 14 --out "$res/reward_streaming_cuda.json"
   ;;
 gpu)
   step trainer 130 $py -m bench.trainer --preset qwen0.5b --rows 64 --min-len 256 --max-len 4096 \
-       --token-budget 32768 --steps 3 --rl-step --prompt-len 512 --out "$res/trainer_h200.json"
+       --token-budget 8192 --steps 3 --rl-step --prompt-len 512 --out "$res/trainer_h200.json"
   step weight_sync 100 $py -m bench.weight_sync --preset qwen0.5b-untied --transports cuda_ipc,object_store \
        --pushes 4 --out "$res/weight_sync_h200.json"
   step pipeline 200 $py -m bench.pipeline --steps 3 --run-root /tmp/bench_runs --out "$res/pipeline_h200.json" -- \

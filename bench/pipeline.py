@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import parser, report
+from bench.common import parser, progress, report
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 KEYS = {"step_s": "timing/step", "gen_s": "timing/gen", "reward_tail_s": "timing/reward_tail",
@@ -86,6 +86,7 @@ def main() -> None:
         history, wall = run_mode(mode, overrides, run_dir)
         histories[mode] = history
         rows.append(summarise(mode, history, wall))
+        progress("pipeline", rows[-1])
     extra: dict[str, Any] = {"overrides": " ".join(overrides)}
     by = {r["mode"]: r for r in rows}
     if "sync" in by and "one_off" in by:

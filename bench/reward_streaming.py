@@ -21,7 +21,7 @@ import tempfile
 import time
 from typing import Any
 
-from bench.common import parser, percentile, report, target
+from bench.common import parser, percentile, progress, report, target
 from bench.sandbox import candidates
 
 CHEAP_ANSWER = "import torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n" \
@@ -83,6 +83,7 @@ async def amain(args: Any) -> None:
             if getattr(args, key) is not None:
                 overrides[key] = getattr(args, key)
         rows.append(await replay(load_default_config(**overrides), work, finish, streaming, args.backend))
+        progress("reward_streaming", rows[-1])
     s, e = rows
     extra = {"backend": args.backend, "tail_saved_s": e["reward_tail_s"] - s["reward_tail_s"],
              "total_speedup": e["total_s"] / s["total_s"] if s["total_s"] else float("nan"),

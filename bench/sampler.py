@@ -17,7 +17,7 @@ import os
 import time
 from typing import Any
 
-from bench.common import parser, report, target
+from bench.common import parser, progress, report, target
 
 PRESETS = {
     "tiny": [],
@@ -106,8 +106,10 @@ async def in_process(args: Any, model_cfg: Any, rollout: Any) -> list[dict[str, 
         await engine_alone(engine, tokenizer, env, tasks[:1], rollout)  # warm-up
         alone = [await engine_alone(engine, tokenizer, env, tasks, rollout) for _ in range(args.repeats)]
         rows.append({"path": "engine", **best(alone)})
+        progress("sampler", rows[-1])
         wrapped = [await through_rollout(engine, tokenizer, env, tasks, rollout, i) for i in range(args.repeats)]
         rows.append({"path": "rollout (in process)", **best(wrapped)})
+        progress("sampler", rows[-1])
     finally:
         await engine.aclose()
         del engine, model
@@ -173,6 +175,7 @@ def main() -> None:
                                                            "TOKENIZERS_PARALLELISM": "false"}})
     try:
         rows.append(asyncio.run(in_worker(args, model_cfg, rollout)))
+        progress("sampler", rows[-1])
     finally:
         ray.shutdown()
     base = rows[0]["tokens_per_s"]

@@ -14,7 +14,7 @@ import asyncio
 import time
 from typing import Any
 
-from bench.common import parser, percentile, report, target
+from bench.common import parser, percentile, progress, report, target
 
 # what the issue asks of the cuda backend on 16 cores + 1 GPU
 TARGETS = {"cold_compile_p50_s": 8.0, "cache_hit_s": 0.5, "evals_per_min": 60.0}
@@ -39,8 +39,17 @@ def candidates(backend: str, n: int) -> list[tuple[str, str, str]]:
 
 async def run_phase(pool: Any, work: list[tuple[str, str, str]], backend: str) -> tuple[float, list[Any]]:
     t0 = time.monotonic()
-    results = await asyncio.gather(*[pool.evaluate(ref, cand, backend, key=f"b{i}")
-                                     for i, (_, ref, cand) in enumerate(work)])
+    done = 0
+
+    async def one(i: int, ref: str, cand: str) -> Any:
+        nonlocal done
+        r = await pool.evaluate(ref, cand, backend, key=f"b{i}")
+        done += 1
+        print(f"[bench.sandbox] {done}/{len(work)} at {time.monotonic() - t0:.1f}s: {work[i][0]} "
+              f"correct={r.correct} cache_hit={r.cache_hit} wall_s={r.wall_s} {r.error_kind or ''}", flush=True)
+        return r
+
+    results = await asyncio.gather(*[one(i, ref, cand) for i, (_, ref, cand) in enumerate(work)])
     return time.monotonic() - t0, list(results)
 
 
@@ -72,6 +81,7 @@ async def amain(args: Any) -> None:
         for phase in ["cold"] + ["cached"] * args.cached_rounds:
             wall, results = await run_phase(pool, work, args.backend)
             rows.append(summarise(phase, wall, results))
+            progress("sandbox", rows[-1])
             failures += [{"phase": phase, "task": work[i][0], "error_kind": r.error_kind,
                           "error": (r.error or "")[:300]} for i, r in enumerate(results) if not r.correct]
         stats = pool.stats()

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from bench.common import parser, report, target
+from bench.common import parser, progress, report, target
 
 PRESETS: dict[str, dict[str, Any]] = {
     # Qwen2.5-0.5B's shape
@@ -195,7 +195,8 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=64, help="sequences per training step")
     p.add_argument("--min-len", type=int, default=256)
     p.add_argument("--max-len", type=int, default=4096)
-    p.add_argument("--token-budget", type=int, default=32768, help="padded tokens per micro-batch")
+    p.add_argument("--token-budget", type=int, default=8192,
+                   help="padded tokens per micro-batch (32768 ran out of the H200's memory at vocab 151936)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per layout")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--attn", default="sdpa")
@@ -252,13 +253,19 @@ def main() -> None:
         if device.type == "cuda":
             row["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
         rows.append(row)
+        progress("trainer", row)
         del micro
     if args.rl_step:
         dist.destroy_process_group()
         del model, opt
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        rows.append(rl_step(args, arch, lengths, device))
+        try:
+            rows.append(rl_step(args, arch, lengths, device))
+        except Exception as e:  # the loop rows above are still worth reporting; the error is shown
+            rows.append({"layout": "rl_step (project trainer, padded rows)",
+                         "error": f"{type(e).__name__}: {str(e)[:300]}"})
+        progress("trainer", rows[-1])
     best = max((r["mfu_vs_peak"] or 0.0) for r in rows)
     extra = {"matmul_params": n_mm, "params": n_params,
              "real_tokens_per_step": real_tokens, "padded_tokens_per_step": padded_tokens,

@@ -17,16 +17,32 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.common import parser, report, target
+from bench.common import parser, progress, report, target
 from bench.sampler import PRESETS
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
+def load_group_yaml(name: str) -> Any:
+    """conf/<name>.yaml with its Hydra ``defaults`` list applied (same-group files, then _self_),
+    e.g. resources/one_gpu = resources/default + its own keys."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.load(CONF / f"{name}.yaml")
+    defaults = list(node.pop("defaults", []))
+    folder = name.rsplit("/", 1)[0]
+    parts = []
+    for d in defaults or ["_self_"]:
+        parts.append(node if d == "_self_" else load_group_yaml(f"{folder}/{d}"))
+    if "_self_" not in defaults:
+        parts.append(node)
+    return OmegaConf.merge(*parts)
+
+
 def group(schema: type, name: str, **overrides: Any) -> Any:
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.load(CONF / f"{name}.yaml"))
+    cfg = OmegaConf.merge(OmegaConf.structured(schema), load_group_yaml(name))
     for k, v in overrides.items():
         OmegaConf.update(cfg, k, v, merge=False)
     return OmegaConf.to_object(cfg)
@@ -91,6 +107,7 @@ def main() -> None:
             med = statistics.median(times)
             rows.append({"transport": transport, "push_ms_median": med * 1e3, "push_ms_min": min(times) * 1e3,
                          "push_ms_max": max(times) * 1e3, "GB/s": nbytes / med / 1e9, "weights_match": ok})
+            progress("weight_sync", rows[-1])
     finally:
         samplers.shutdown()
         trainer.shutdown()
