@@ -34,6 +34,7 @@ class Answer:
     classes: dict[str, ast.ClassDef] = field(default_factory=dict)
     kernels: set[str] = field(default_factory=set)            # @triton.jit function names
     extensions: set[str] = field(default_factory=set)         # names bound to load_inline(...) results
+    ext_functions: set[str] = field(default_factory=set)      # names bound to one function of an extension
     memo: dict = field(default_factory=dict)                  # per-answer caches of the rule checks
 
     @classmethod
@@ -82,15 +83,39 @@ class Answer:
         for _ in range(2):  # a second pass picks up aliases of aliases
             for node in assigns:
                 v = node.value
-                is_ext = isinstance(v, ast.Call) and self.call_name(v) in LOAD_INLINE or \
-                    isinstance(v, ast.Name) and v.id in self.extensions
-                if not is_ext:
+                if self.is_extension_expr(v):
+                    bucket = self.extensions
+                elif isinstance(v, ast.Attribute) and self.is_extension_expr(v.value):
+                    bucket = self.ext_functions  # fused = load_inline(...).fused
+                else:
                     continue
                 for t in node.targets:
                     if isinstance(t, ast.Name):
-                        self.extensions.add(t.id)
+                        bucket.add(t.id)
                     elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
-                        self.extensions.add(f"self.{t.attr}")
+                        bucket.add(f"self.{t.attr}")
+
+    def is_extension_expr(self, node: ast.AST) -> bool:
+        """``load_inline(...)``, or a name / ``self`` attribute bound to its result."""
+        if isinstance(node, ast.Call):
+            return self.call_name(node) in LOAD_INLINE
+        if isinstance(node, ast.Name):
+            return node.id in self.extensions
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            return f"self.{node.attr}" in self.extensions
+        return False
+
+    def is_kernel_call(self, call: ast.Call) -> bool:
+        """A call into compiled code: ``ext.fn(...)``, ``fn(...)`` bound from an extension, ``kern[grid](...)``."""
+        f = call.func
+        if isinstance(f, ast.Attribute) and self.is_extension_expr(f.value):
+            return True
+        if isinstance(f, ast.Name) and f.id in self.ext_functions:
+            return True
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self" and \
+                f"self.{f.attr}" in self.ext_functions:
+            return True
+        return isinstance(f, ast.Subscript) and isinstance(f.value, ast.Name) and f.value.id in self.kernels
 
     def _is_triton_jit(self, dec: ast.AST) -> bool:
         target = dec.func if isinstance(dec, ast.Call) else dec

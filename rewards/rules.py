@@ -88,6 +88,15 @@ def _has_arg(call: ast.Call, name: str, position: int) -> bool:
 
 
 def _check_kernel(a: Answer, s: RuleSettings) -> list[str]:
+    missing = _kernel_missing(a)
+    if missing or a.model_new is None or "forward" not in a.methods(a.model_new):
+        return missing
+    if not any(a.is_kernel_call(c) for c in _calls(a.forward_scope())):
+        return ["ModelNew.forward never calls the compiled kernel (directly or through a helper)"]
+    return []
+
+
+def _kernel_missing(a: Answer) -> list[str]:
     inline = _load_inline_calls(a)
     if a.backend == "cuda":
         has_global = any("__global__" in t for t in a.string_constants())
@@ -161,7 +170,7 @@ class _TensorNames:
             f = node.func
             if isinstance(f, ast.Attribute) and f.attr in VIEW_METHODS and self.is_tensor(f.value):
                 return True
-            if isinstance(f, ast.Attribute) and _is_extension(self.a, f.value):
+            if self.a.is_kernel_call(node):
                 return True  # what a kernel returns is a tensor
             if self.local_callee(f) is not None:
                 return self.returns_tensor(node)
@@ -216,11 +225,7 @@ def _layer_call(func: ast.AST, layers: set[str]) -> str | None:
 
 
 def _is_extension(a: Answer, node: ast.AST) -> bool:
-    if isinstance(node, ast.Name):
-        return node.id in a.extensions
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
-        return f"self.{node.attr}" in a.extensions
-    return False
+    return a.is_extension_expr(node)
 
 
 def _tensor_arithmetic(a: Answer, forward: ast.FunctionDef, seeds: set[str]) -> list[str]:
@@ -550,7 +555,7 @@ def _check_dynamic_code(a: Answer, s: RuleSettings) -> list[str]:
 RULES: dict[str, Rule] = {r.name: r for r in [
     Rule("no_model_new", "The answer must define class ModelNew.", _check_model_new),
     Rule("no_kernel", "The answer must contain a kernel for its backend (cuda: __global__ + load_inline; "
-         "triton: @triton.jit; cpu: C++ through load_inline).", _check_kernel),
+         "triton: @triton.jit; cpu: C++ through load_inline) and ModelNew.forward must call it.", _check_kernel),
     Rule("torch_compute_in_forward", "ModelNew.forward and the helpers it calls may allocate and reshape "
          "tensors but must not compute with torch ops, torch.nn layers, torch.nn.functional, tensor "
          "methods or tensor arithmetic.", _check_torch_compute),

@@ -151,6 +151,9 @@ ADVERSARIAL: dict[str, tuple[str, str, str]] = {
     "no_cpp_kernel": ("no_kernel", CLEAN_TRITON, "cpu"),
     "no_cuda_kernel": ("no_kernel", CPP_HEADER + "\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
                        "        return ext.f(x)\n", "cuda"),
+    "kernel_never_called": ("no_kernel", triton_answer("", forward="return x.contiguous()"), "triton"),
+    "extension_never_called": ("no_kernel", CPP_HEADER + "\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
+                               "        return x.view(-1).view(x.shape)\n", "cpu"),
     "no_model_new": ("no_model_new", TRITON_HEADER + "\nclass Model2(nn.Module):\n    def forward(self, x):\n"
                      "        return launch(x)\n", "triton"),
 }
@@ -174,6 +177,13 @@ CLEAN: dict[str, tuple[str, str]] = {
         'SRC = "torch::Tensor f(torch::Tensor x) { return x; }"',
         'SRC = "torch::Tensor f(torch::Tensor x) { return x; } // N".format().replace("N", "4")') +
         "\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return ext.f(x)\n", "cpu"),
+    "extension_function_alias_and_lazy_build": (CPP_HEADER + "\nrelu_fn = ext.f\n"
+                                                "\nclass ModelNew(nn.Module):\n    def __init__(self):\n"
+                                                "        super().__init__()\n        self.lazy = None\n\n"
+                                                "    def forward(self, x):\n        if self.lazy is None:\n"
+                                                "            self.lazy = load_inline(name='g', cpp_sources=SRC, "
+                                                "functions=['f'])\n"
+                                                "        y = relu_fn(x)\n        return self.lazy.f(y)\n", "cpu"),
     "extension_held_by_self": (CPP_HEADER.replace('functions=["f"]', 'functions=["matmul"]') +
                                "\nclass ModelNew(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
                                "        self.op = ext\n\n    def forward(self, a, b):\n"
