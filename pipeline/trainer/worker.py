@@ -88,20 +88,26 @@ class TrainerWorker:
                 "params": sum(p.numel() for p in self.model.parameters())}
 
     def _build_model(self, resume_dir: str | None) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        from pipeline.models import load_model_and_tokenizer
 
         model_cfg = self.model_cfg
         if resume_dir:  # the checkpoint's HF weights replace the base model's
             model_cfg = _with_path(model_cfg, os.path.join(resume_dir, "model"))
-        model, self.tokenizer = load_model_and_tokenizer(model_cfg)
-        model = model.to(torch.float32)  # fp32 master weights; compute dtype via the policy
+        # With several ranks, only rank 0 reads the checkpoint; the others build the skeleton on
+        # the meta device and receive the weights by broadcast after sharding (one host copy of
+        # a 32B model per node instead of one per rank). The tiny model is cheaper to rebuild.
+        meta_init = self.world_size > 1 and model_cfg.path != "tiny" and self.rank != 0
+        model, self.tokenizer = _load(model_cfg, meta=meta_init)
+        full = model.state_dict() if self.world_size > 1 and model_cfg.path != "tiny" else None
         attn = self.cfg.attn_implementation
         if attn == "auto":
             attn = "flash_attention_2" if self.on_gpu and _has_flash_attn() else "sdpa"
-        model.config._attn_implementation = attn
+        if hasattr(model, "set_attn_implementation"):
+            model.set_attn_implementation(attn)
+        else:
+            model.config._attn_implementation = attn
         if self.cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -112,6 +118,14 @@ class TrainerWorker:
             fully_shard(layer, mesh=mesh, mp_policy=policy,
                         reshard_after_forward=self.cfg.reshard_after_forward)
         fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=self.cfg.reshard_after_forward)
+        if full is not None or meta_init:
+            model = model.to_empty(device=self.device) if meta_init else model.to(self.device)
+            set_model_state_dict(model, {} if meta_init else full, options=StateDictOptions(
+                full_state_dict=True, broadcast_from_rank0=True))
+            # non-persistent buffers (rotary frequencies) are in no state dict: rank 0's are right
+            for _, buf in sorted(model.named_buffers(), key=lambda x: x[0]):
+                dist.broadcast(buf, src=0)
+            del full
         model.to(self.device)
         model.train()
         self.model = model
@@ -312,6 +326,24 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
         raise ValueError(f"model {type(model).__name__} declares no _no_split_modules: cannot "
                          "tell its decoder layers apart for FSDP wrapping")
     return layers
+
+
+def _load(model_cfg: Any, meta: bool) -> tuple[torch.nn.Module, Any]:
+    """The policy in fp32 (master weights; the compute dtype comes from the FSDP policy), or,
+    with ``meta``, its skeleton on the meta device from the checkpoint's config.json alone."""
+    from pipeline.models.load import load_model_and_tokenizer, load_tokenizer
+
+    if not meta:
+        model, tokenizer = load_model_and_tokenizer(model_cfg)
+        return model.to(torch.float32), tokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    trust = bool(model_cfg.trust_remote_code)
+    config = AutoConfig.from_pretrained(os.path.expanduser(str(model_cfg.path)),
+                                        local_files_only=True, trust_remote_code=trust)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust, dtype=torch.float32)
+    return model, load_tokenizer(model_cfg)
 
 
 def _has_flash_attn() -> bool:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pipeline.algorithms import AlgorithmConfig, build_train_batch
-from pipeline.models import ModelConfig, load_model_and_tokenizer
+from pipeline.models import ModelConfig, load_model_and_tokenizer, save_tiny_checkpoint
 from pipeline.pools import ResourcesConfig, create_pools
 from pipeline.sample import Sample
 from pipeline.trainer import TrainerConfig, TrainerGroup, plan_step
@@ -56,8 +56,9 @@ def configs():
     return model, trainer, algo
 
 
-def run_step(ray_local, configs, world_size, batch, correction="off"):
-    model_cfg, trainer_cfg, algo_cfg = configs
+def run_step(ray_local, configs, world_size, batch, correction="off", model_cfg=None):
+    tiny_cfg, trainer_cfg, algo_cfg = configs
+    model_cfg = model_cfg or tiny_cfg
     algo_cfg = dataclasses.replace(algo_cfg, off_policy_correction=correction)
     res = group(ResourcesConfig, "resources/default", **{"trainer.cpu_ranks": world_size,
                                                          "sampler.cpus_per_worker": 0.01})
@@ -83,18 +84,22 @@ def teacher_forced_log_probs(model, samples):
         s.logprobs = lp[:, 0].tolist()
 
 
-def test_two_ranks_equal_one_rank_and_corrections_agree(ray_local, configs):
+def test_two_ranks_equal_one_rank_and_corrections_agree(ray_local, configs, tmp_path):
     model_cfg, _, algo_cfg = configs
+    # the 2-rank run reads the same weights from an HF directory: rank 0 loads them, rank 1
+    # builds a meta-device skeleton and receives them by broadcast
+    hf_dir = save_tiny_checkpoint(str(tmp_path / "tiny_hf"), model_cfg.tiny)
+    hf_cfg = dataclasses.replace(model_cfg, path=hf_dir)
     model, tok = load_model_and_tokenizer(model_cfg)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     samples = make_samples(len(tok))
     teacher_forced_log_probs(model, samples)
     batch = build_train_batch(samples, algo_cfg, MAX_RESPONSE, tok.pad_token_id)
     assert batch.input_ids.shape[0] >= 6
-    runs = [(1, "off"), (2, "off"), (1, "bypass"), (1, "tis")]
+    runs = [(1, "off", None), (2, "off", hf_cfg), (1, "bypass", None), (1, "tis", None)]
     with ThreadPoolExecutor(len(runs)) as ex:  # all groups start at once: actor start-up dominates
         (m1, w1), (m2, w2), (mb, wb), (mt, wt) = ex.map(
-            lambda r: run_step(ray_local, configs, r[0], batch, r[1]), runs)
+            lambda r: run_step(ray_local, configs, r[0], batch, r[1], r[2]), runs)
     assert m1["actor/mini_batches"] == 2 and m1["actor/micro_batches"] >= 2
     assert m1["actor/loss"] == pytest.approx(m2["actor/loss"], rel=1e-4, abs=1e-6)
     assert m1["actor/grad_norm"] == pytest.approx(m2["actor/grad_norm"], rel=1e-4)
