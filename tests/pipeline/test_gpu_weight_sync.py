@@ -2,7 +2,6 @@
 import multiprocessing as mp
 
 import pytest
-import torch
 
 from pipeline.models import ModelConfig
 from pipeline.trainer import TrainerConfig, TrainerWorker

@@ -1,6 +1,5 @@
 """Timeline overlap and drawing, score metrics from outcomes, held-out estimators, checkpoint dirs."""
 import itertools
-import math
 import random
 from math import comb
 from pathlib import Path
