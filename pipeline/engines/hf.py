@@ -201,8 +201,10 @@ class HFEngine:
 
     # ---- weights and memory ---------------------------------------------------------------
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        params = dict(self.model.named_parameters())
-        params.update(dict(self.model.named_buffers()))
+        # remove_duplicate=False: tied weights (lm_head.weight = embed_tokens.weight, as in
+        # Qwen2.5-0.5B) keep both names, since trainers export both.
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        params.update(dict(self.model.named_buffers(remove_duplicate=False)))
         with self._lock, torch.no_grad():
             for name, tensor in named_tensors:
                 if name not in params:

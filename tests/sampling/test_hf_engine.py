@@ -124,3 +124,16 @@ async def test_a_bad_request_fails_alone_in_its_batch(engine, tiny):
                                 engine.generate([10**6], SamplingParams(max_tokens=4)),
                                 engine.generate(good[1], SamplingParams(max_tokens=4)))
     assert [g.finish_reason == "error" for g in gens] == [False, True, False]
+
+
+async def test_load_weights_accepts_tied_embedding_names(tiny):
+    _, _, tok = tiny
+    arch = load_model_config("tiny", ["tiny.tie_word_embeddings=true"]).tiny
+    model, _ = build_tiny(arch)
+    eng = HFEngine(model, tok, max_inflight=4, max_batch_size=4, batch_wait_s=0.01)
+    other, _ = build_tiny(load_model_config("tiny", ["tiny.tie_word_embeddings=true", "tiny.seed=7"]).tiny)
+    exported = dict(other.state_dict())  # what a trainer exports: lm_head.weight included
+    assert "lm_head.weight" in exported
+    eng.load_weights(exported.items(), version=1)
+    assert torch.equal(model.lm_head.weight, other.lm_head.weight)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
