@@ -110,7 +110,8 @@ class Session:
             resume_dir=str(resume_dir) if resume_dir else None, env_vars=env_vars)
         self.closers.append(trainer.shutdown)
         on_gpu = cfg.resources.trainer.gpus > 0
-        sync = WeightSync(trainer, samplers, choose_transport(cfg.pipeline.weight_sync, shared, on_gpu))
+        sync = WeightSync(trainer, samplers, choose_transport(
+            cfg.pipeline.weight_sync, shared, on_gpu, shared_gpus=cfg.resources.trainer.gpus))
         tokenizer = load_tokenizer(cfg.model)
         tasks = ray.get(samplers.workers[0].tasks.remote(cfg.pipeline.task_split))
         self.logger = MetricsLogger(cfg.logger, run_dir, run_name=f"{cfg.name}",

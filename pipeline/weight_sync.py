@@ -47,14 +47,19 @@ class BroadcastWeights:
     buckets: list[tuple[str, list[tuple[str, tuple[int, ...]]]]] = field(default_factory=list)
 
 
-def choose_transport(name: str, colocated: bool, on_gpu: bool) -> str:
+def choose_transport(name: str, colocated: bool, on_gpu: bool, shared_gpus: int = 1) -> str:
+    """``auto``: object store on CPU; CUDA IPC when the pools share one GPU; a broadcast group
+    across separate GPUs. Pools sharing several GPUs use the object store: IPC reaches only the
+    samplers on trainer rank 0's GPU, and NCCL refuses two ranks on one device."""
     if name not in TRANSPORTS:
         raise ValueError(f"pipeline.weight_sync={name!r}: expected one of {TRANSPORTS}")
     if name != "auto":
         return name
     if not on_gpu:
         return "object_store"
-    return "cuda_ipc" if colocated else "broadcast"
+    if colocated:
+        return "cuda_ipc" if shared_gpus == 1 else "object_store"
+    return "broadcast"
 
 
 # ---- trainer side ---------------------------------------------------------------------------
@@ -63,29 +68,50 @@ def _device_uuid() -> str:
 
 
 def ipc_prepare(worker: Any) -> int:
-    """All ranks: gather; rank 0 keeps the buckets on its GPU. Returns the bucket count."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    """All ranks: plan the buckets from the (sharded) state dict, without gathering anything.
+    Returns the bucket count; ``ipc_bucket`` then materialises one bucket at a time, so the GPU
+    the pools share never holds a second full copy of the model."""
+    limit = worker.cfg.weight_bucket_mb * 2**20
+    size = torch.tensor([], dtype=worker.export_dtype()).element_size()
+    layout: list[list[str]] = [[]]
+    used = 0
+    for name, t in worker.model.state_dict().items():
+        nbytes = t.numel() * (size if t.is_floating_point() else t.element_size())
+        if layout[-1] and used + nbytes > limit:
+            layout.append([])
+            used = 0
+        layout[-1].append(name)
+        used += nbytes
+    worker._ipc_layout, worker._ipc_live = layout, []
+    return len(layout)
 
-    sd = get_model_state_dict(worker.model, options=StateDictOptions(full_state_dict=True))
-    if worker.rank != 0:
-        return 0
-    worker._ipc_buckets = worker.buckets({k: v.to(worker.device) for k, v in sd.items()})
-    return len(worker._ipc_buckets)
 
-
-def ipc_bucket(worker: Any, i: int, version: int) -> CudaIpcWeights:
-    """Rank 0: IPC handles of bucket i (the tensors stay alive in ``worker._ipc_buckets``)."""
+def ipc_bucket(worker: Any, i: int, version: int) -> CudaIpcWeights | None:
+    """All ranks (each full tensor is an all-gather): bucket i on the GPU; rank 0 returns its
+    IPC handles. The tensors stay referenced until the next bucket replaces them."""
+    from torch.distributed.tensor import DTensor
     from torch.multiprocessing.reductions import reduce_tensor
 
+    sd = worker.model.state_dict()
+    dtype = worker.export_dtype()
+    live = []
+    for name in worker._ipc_layout[i]:
+        t = sd[name]
+        t = t.full_tensor() if isinstance(t, DTensor) else t
+        t = t.detach().to(device=worker.device, dtype=dtype if t.is_floating_point() else t.dtype)
+        live.append((name, t.contiguous()))
+    worker._ipc_live = live
+    if worker.rank != 0:
+        return None
     handles = []
-    for name, t in worker._ipc_buckets[i]:
-        fn, args = reduce_tensor(t.contiguous())
+    for name, t in live:
+        fn, args = reduce_tensor(t)
         handles.append((name, fn, args))
     return CudaIpcWeights(version, handles, _device_uuid())
 
 
 def ipc_release(worker: Any) -> None:
-    worker._ipc_buckets = []
+    worker._ipc_live = []
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
@@ -264,8 +290,8 @@ class WeightSync:
         elif self.transport == "cuda_ipc":
             counts = await _gather(self.trainer.workers, "run", "ipc_prepare")
             for i in range(counts[0]):
-                payload = await self.trainer.workers[0].run.remote("ipc_bucket", i, version)
-                await self.samplers.update_weights(payload, version)
+                payloads = await _gather(self.trainer.workers, "run", "ipc_bucket", i, version)
+                await self.samplers.update_weights(payloads[0], version)
             await _gather(self.trainer.workers, "run", "ipc_release")
         elif self.transport == "broadcast":
             metas = await _gather(self.trainer.workers, "run", "broadcast_prepare", version)
