@@ -12,11 +12,12 @@ A value given on the command line replaces the interpolation, so overrides alway
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from pipeline.algorithms.config import AlgorithmConfig
 from pipeline.checkpoint import CheckpointConfig
@@ -85,9 +86,26 @@ def register() -> None:
     ConfigStore.instance().store(name="config_schema", node=Config)
 
 
+def unknown_keys(schema: DictConfig, cfg: DictConfig, prefix: str = "") -> list[str]:
+    """Keys of ``cfg`` that the schema does not declare. Hydra's ``+key=value`` adds a key even to
+    a typed tree, so a misspelt ``+sandbox.timout=3`` would otherwise be ignored in silence."""
+    found = []
+    for key in cfg.keys():
+        name = f"{prefix}{key}"
+        if key not in schema.keys():  # `in` alone is False for a MISSING value
+            found.append(name)
+            continue
+        sub, node = schema._get_node(key), cfg._get_node(key)
+        if (isinstance(sub, DictConfig) and isinstance(node, DictConfig) and not sub._is_missing()
+                and not node._is_missing() and sub._metadata.object_type not in (None, dict)):
+            found += unknown_keys(sub, node, name + ".")
+    return found
+
+
 def check(cfg: Any) -> None:
     """Semantic checks across groups; each message names the keys."""
-    errors = []
+    errors = [f"{key}: no such key in the schema (pipeline/config.py); check its spelling or group"
+              for key in unknown_keys(OmegaConf.structured(Config), cfg)]
     if cfg.pipeline.mode not in MODES:
         errors.append(f"pipeline.mode={cfg.pipeline.mode!r}: expected one of {MODES}")
     if cfg.pipeline.steps < 1:
@@ -112,5 +130,43 @@ def check(cfg: Any) -> None:
         errors.append(f"trainer.optim.lr={cfg.trainer.optim.lr}: expected > 0")
     if not 0 <= cfg.trainer.optim.warmup_ratio < 1:
         errors.append(f"trainer.optim.warmup_ratio={cfg.trainer.optim.warmup_ratio}: expected in [0, 1)")
+    # each group's own checks, gathered so one start reports every bad key at once
+    from pipeline.algorithms.config import check_algorithm_config
+
+    group_checks: list[tuple[Any, Any]] = [(check_algorithm_config, a), (_check_model_path, cfg.model),
+                                           (_check_local_gpus, cfg.resources)]
+    if cfg.env == "kernel":
+        from rewards.config import validate as check_reward_config
+
+        group_checks.append((check_reward_config, cfg.reward))
+    for fn, node in group_checks:
+        try:
+            fn(node)
+        except (ValueError, FileNotFoundError) as e:
+            errors.append(str(e))
     if errors:
         raise ValueError("invalid configuration:\n  " + "\n  ".join(errors))
+
+
+def _check_model_path(model: Any) -> None:
+    if model.path != "tiny":
+        from pipeline.models.load import check_checkpoint_dir
+
+        check_checkpoint_dir(os.path.expanduser(str(model.path)))
+
+
+def _check_local_gpus(resources: Any) -> None:
+    """A local Ray cluster gets this machine's GPUs: a split that cannot fit fails before Ray starts
+    (a remote cluster is checked by create_pools once its resources are known)."""
+    if resources.ray.address is not None:
+        return
+    gpus = resources.ray.num_gpus
+    if gpus is None:
+        if resources.sampler.gpus + resources.trainer.gpus == 0:
+            return
+        import torch
+
+        gpus = torch.cuda.device_count()
+    from pipeline.pools import plan_pools
+
+    plan_pools(resources, {"GPU": float(gpus), "CPU": float("inf")})
