@@ -158,8 +158,47 @@ ADVERSARIAL: dict[str, tuple[str, str, str]] = {
                      "        return launch(x)\n", "triton"),
 }
 
+KERNELBENCH_STYLE_CUDA = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+add_source = """
+#include <torch/extension.h>
+#include <cuda_runtime.h>
+
+__global__ void add_kernel(const float* a, const float* b, float* out, int size) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx < size) out[idx] = a[idx] + b[idx];
+}
+
+torch::Tensor add_cuda(torch::Tensor a, torch::Tensor b) {
+    auto size = a.numel();
+    auto out = torch::zeros_like(a);
+    const int threads = 256;
+    add_kernel<<<(size + threads - 1) / threads, threads>>>(a.data_ptr<float>(), b.data_ptr<float>(),
+                                                            out.data_ptr<float>(), size);
+    return out;
+}
+"""
+add_cpp_source = "torch::Tensor add_cuda(torch::Tensor a, torch::Tensor b);"
+
+add = load_inline(name="add", cpp_sources=add_cpp_source, cuda_sources=add_source, functions=["add_cuda"],
+                  verbose=True, extra_cflags=[""], extra_ldflags=[""])
+
+
+class ModelNew(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.add = add
+
+    def forward(self, a, b):
+        return self.add.add_cuda(a, b)
+'''
+
 # Legitimate patterns that must not trip any rule.
 CLEAN: dict[str, tuple[str, str]] = {
+    "kernelbench_style_cuda": (KERNELBENCH_STYLE_CUDA, "cuda"),
     "triton_relu": (CLEAN_TRITON, "triton"),
     "int_arithmetic_and_shapes": (triton_answer(
         "", forward="n = x.size(0) * x.size(1) + 0\n        y = x.view(n // x.size(1), -1)\n"
