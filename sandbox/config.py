@@ -42,6 +42,7 @@ class EvalConfig:
     block_network: bool = MISSING          # own network namespace where the OS allows it
     restrict_writes: bool = MISSING        # Landlock: writes only to the evaluation's own dirs
     pid_namespace: bool = MISSING          # own PID namespace: every leftover process dies with it
+    gpu_isolation_probe: bool = MISSING    # before the first GPU run step, find the isolation the device survives
     cpu_threads: int = MISSING             # torch / OpenMP threads of one evaluation
     gpu_flush_bytes: int = MISSING         # buffer written between timed runs to flush the L2
     cpu_flush_bytes: int = MISSING         # same on CPU, for the last-level cache

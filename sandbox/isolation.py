@@ -78,13 +78,14 @@ def _processes_of_user() -> int:
     return count
 
 
-def unshare_namespaces(network: bool, pids: bool) -> list[str]:
-    """New network and PID namespaces (as root, or through a user namespace). Returns what was made.
-
-    With a PID namespace comes a mount namespace, so the first child can mount its own /proc
-    (:func:`mount_private_proc`): the host's processes, and their environments, are then invisible.
+def unshare_namespaces(network: bool, pids: bool, mounts: bool | None = None) -> list[str]:
+    """New network, PID and mount namespaces (as root, or through a user namespace). Returns what
+    was made. ``mounts`` defaults to ``pids``: the mount namespace is there so the PID namespace's
+    first child can mount its own /proc (:func:`mount_private_proc`), hiding the host's processes
+    and their environments.
     """
-    flags = (_CLONE_NEWNET if network else 0) | ((_CLONE_NEWPID | _CLONE_NEWNS) if pids else 0)
+    mounts = pids if mounts is None else mounts
+    flags = (_CLONE_NEWNET if network else 0) | (_CLONE_NEWPID if pids else 0) | (_CLONE_NEWNS if mounts else 0)
     if not flags:
         return []
     uid, gid = os.getuid(), os.getgid()
@@ -96,20 +97,40 @@ def unshare_namespaces(network: bool, pids: bool) -> list[str]:
     if network:
         made.append("netns")
     if pids:
-        made += ["pidns", "mountns"]
+        made.append("pidns")
+    if mounts:
+        made.append("mountns")
     return made
 
 
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 4096, 1 << 14, 1 << 18
+# Parts of the old /proc carried over into the private one. A container runtime curates the GPU
+# driver's view (/proc/driver/nvidia: only this container's GPUs, "ModifyDeviceFiles: 0"); a fresh
+# procfs shows the host's instead, and the CUDA driver may then try to create device files it is
+# not allowed to (Landlock forbids mknod) and fail to initialise.
+KEPT_PROC_PATHS = ("/proc/driver/nvidia",)
 
 
-def mount_private_proc() -> list[str]:
-    """In the PID namespace's first process: a /proc that shows only this namespace."""
+def mount_private_proc(keep: tuple[str, ...] = KEPT_PROC_PATHS) -> list[str]:
+    """In the PID namespace's first process: a /proc that shows only this namespace, with the
+    old view of ``keep`` bound over it (``kept_proc_view`` in the result when one was)."""
     if _libc.mount(None, b"/", None, ctypes.c_ulong(_MS_REC | _MS_PRIVATE), None) != 0:
         return []
-    if _libc.mount(b"proc", b"/proc", b"proc", ctypes.c_ulong(_MS_NOSUID | _MS_NODEV | _MS_NOEXEC), None) != 0:
-        return []
-    return ["private_proc"]
+    # O_PATH descriptors into the old /proc: once the new one covers it, /proc/self/fd/N still
+    # leads to the old tree, which is what the bind mount below takes.
+    old = {p: os.open(p, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for p in keep if os.path.isdir(p)}
+    try:
+        if _libc.mount(b"proc", b"/proc", b"proc", ctypes.c_ulong(_MS_NOSUID | _MS_NODEV | _MS_NOEXEC), None) != 0:
+            return []
+        applied = ["private_proc"]
+        for path, fd in old.items():
+            if os.path.isdir(path) and _libc.mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None,
+                                                   ctypes.c_ulong(_MS_BIND | _MS_REC), None) == 0:
+                applied.append("kept_proc_view")
+        return sorted(set(applied))
+    finally:
+        for fd in old.values():
+            os.close(fd)
 
 
 def _map_own_ids(uid: int, gid: int) -> None:
@@ -128,9 +149,10 @@ def landlock_abi() -> int:
     return int(r) if r > 0 else 0
 
 
-def restrict_writes(writable: list[str], device_dirs: list[str], block_tcp: bool) -> list[str]:
+def restrict_writes(writable: list[str], device_dirs: list[str], block_tcp: bool, scope: bool = True) -> list[str]:
     """Landlock: writes only beneath ``writable`` (and to existing files under ``device_dirs``);
-    no TCP bind/connect when ``block_tcp``; no signals to processes outside. Returns what applied."""
+    no TCP bind/connect when ``block_tcp``; with ``scope``, no signals to and no abstract unix
+    sockets of processes outside. Returns what applied."""
     abi = landlock_abi()
     if abi < 1:
         return []
@@ -138,7 +160,7 @@ def restrict_writes(writable: list[str], device_dirs: list[str], block_tcp: bool
                 | _FS_MAKE_SOCK | _FS_MAKE_FIFO | _FS_MAKE_BLOCK | _FS_MAKE_SYM)
     all_write = _FS_WRITE_FILE | creating | (_FS_REFER if abi >= 2 else 0) | (_FS_TRUNCATE if abi >= 3 else 0)
     attr = _RulesetAttr(all_write, (_NET_BIND_TCP | _NET_CONNECT_TCP) if (block_tcp and abi >= 4) else 0,
-                        (_SCOPE_SIGNAL | _SCOPE_ABSTRACT_UNIX_SOCKET) if abi >= 6 else 0)
+                        (_SCOPE_SIGNAL | _SCOPE_ABSTRACT_UNIX_SOCKET) if (scope and abi >= 6) else 0)
     size = ctypes.sizeof(_RulesetAttr) if abi >= 6 else (16 if abi >= 4 else 8)
     fd = _libc.syscall(_SYS_landlock_create_ruleset, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     if fd < 0:

@@ -35,6 +35,7 @@ import psutil
 
 from sandbox.build import build_key, task_key
 from sandbox.config import BACKENDS, EvalConfig, validate
+from sandbox.gpu_probe import IsolationProbe, ProbeVerdict, choose_isolation
 from sandbox.result import EvalResult
 
 _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -103,8 +104,13 @@ class _StepOutcome:
 class EvalPool:
     """``await pool.evaluate(ref_src, candidate_src, backend)`` -> :class:`EvalResult`."""
 
-    def __init__(self, cfg: EvalConfig | Any):
+    def __init__(self, cfg: EvalConfig | Any, isolation_probe: IsolationProbe | None = None):
+        """``isolation_probe``: what gates GPU run steps when ``gpu_isolation_probe`` is on (default:
+        the CUDA probe of sandbox.gpu_probe; tests give one that gates CPU run steps)."""
         self.cfg = cfg = as_eval_config(cfg)
+        self.isolation_probe = isolation_probe or IsolationProbe()
+        self.probe_verdict: ProbeVerdict | None = None  # set once the probe has decided
+        self._probe_lock = asyncio.Lock()
         self._own_cache = cfg.cache_dir is None
         self.cache = Path(cfg.cache_dir or tempfile.mkdtemp(prefix="sandbox_cache_"))
         for sub in ("builds", "pch", "refs", "work"):
@@ -217,6 +223,9 @@ class EvalPool:
             assert self._free_gpus is not None
             gpu = await self._free_gpus.get()
         try:
+            drop: tuple[str, ...] = ()
+            if cfg.gpu_isolation_probe and self.isolation_probe.applies(backend, on_gpu):
+                drop = (await self._probe(backend, gpu, arch, cfg, eval_dir)).dropped
             timed = backend == "cpu" or on_gpu
             req = {"mode": "run", "task_src": ref_src, "candidate_src": cand_src, "backend": backend,
                    "device": "cuda:0" if on_gpu else "cpu", "trials": cfg.correctness_trials, "seed": cfg.seed,
@@ -229,7 +238,7 @@ class EvalPool:
             limit = cfg.run_timeout_s + max(30.0, cfg.run_timeout_s)
             for attempt in range(cfg.lost_worker_retries + 1):
                 out = await self._step(req, "run", bkey, eval_dir / f"run{attempt}", eval_id, cfg, backend,
-                                       gpu, arch, limit)
+                                       gpu, arch, limit, drop)
                 if out.data is not None or out.killed_for is not None:
                     break
                 self._stats["lost_workers"] += 1
@@ -243,6 +252,30 @@ class EvalPool:
             if gpu is not None:
                 assert self._free_gpus is not None
                 self._free_gpus.put_nowait(gpu)
+
+    async def _probe(self, backend: str, gpu: tuple[int, str] | None, arch: str, cfg: EvalConfig,
+                     eval_dir: Path) -> ProbeVerdict:
+        """Once per pool, before the first gated run step: the isolation the device survives."""
+        async with self._probe_lock:
+            if self.probe_verdict is not None:
+                return self.probe_verdict
+
+            async def run(dropped: tuple[str, ...]) -> tuple[bool, str, list[str] | None]:
+                req = {"mode": "probe", "probe_src": self.isolation_probe.src, "backend": backend,
+                       "device": "cuda:0" if gpu else "cpu", "trials": 0, "cpu_threads": cfg.cpu_threads}
+                workdir = eval_dir / f"probe-{'-'.join(dropped) or 'full'}"
+                self._stats["isolation_probe_runs"] += 1
+                out = await self._step(req, "probe", "isolation_probe", workdir, "isolation-probe", cfg,
+                                       backend, gpu, arch, 120.0, dropped)
+                if out.data is None:
+                    return False, f"probe worker lost ({out.killed_for or out.detail})", None
+                err = out.data.get("error", "") + (f" | log: {out.data['log_tail'][-300:]}"
+                                                   if out.data.get("log_tail") else "")
+                return bool(out.data.get("probe_ok")), err, list(out.data.get("isolation", []))
+
+            self.probe_verdict = await choose_isolation(run)
+            self._stats["isolation_dropped"] = len(self.probe_verdict.dropped)
+            return self.probe_verdict
 
     def _verdict(self, out: _StepOutcome, mode: str, cfg: EvalConfig) -> EvalResult:
         if out.killed_for == "timeout":
@@ -348,7 +381,7 @@ class EvalPool:
 
     async def _step(self, req: dict[str, Any], mode: str, bkey: str, workdir: Path, eval_id: str,
                     cfg: EvalConfig, backend: str, gpu: tuple[int, str] | None, arch: str,
-                    limit_s: float) -> _StepOutcome:
+                    limit_s: float, drop: tuple[str, ...] = ()) -> _StepOutcome:
         build_dir = self.cache / "builds" / bkey
         build_dir.mkdir(parents=True, exist_ok=True)
         (workdir / "tmp").mkdir(parents=True, exist_ok=True)
@@ -360,7 +393,7 @@ class EvalPool:
                           "open_files": cfg.max_open_files, "processes": cfg.max_processes,
                           "cpu_s": cfg.cpu_time_limit_s, "file_size_bytes": cfg.max_file_size_bytes},
                "isolation": {"network": cfg.block_network, "writes": cfg.restrict_writes,
-                             "pids": cfg.pid_namespace}}
+                             "pids": cfg.pid_namespace, "drop": list(drop)}}
         marker = f"{eval_id}-{mode}-{uuid.uuid4().hex[:6]}"
         extra = {"HOME": str(workdir), "TMPDIR": str(workdir / "tmp"), "TORCH_EXTENSIONS_DIR": str(build_dir),
                  "MAX_JOBS": str(cfg.max_jobs), "OMP_NUM_THREADS": str(cfg.cpu_threads),

@@ -42,7 +42,11 @@ def main() -> int:
     applied += ["rlimit_" + n.removeprefix("rlimit_") for n in isolation.set_rlimits(
         lim["memory_bytes"], lim["open_files"], lim["processes"], lim["cpu_s"], lim["file_size_bytes"])]
     iso = req["isolation"]
-    namespaces = isolation.unshare_namespaces(network=iso["network"], pids=iso["pids"])
+    # measures the pool's trusted GPU probe found to break the device (never a candidate's say)
+    drop = set(iso.get("drop", ()))
+    namespaces = isolation.unshare_namespaces(network=iso["network"] and "netns" not in drop,
+                                              pids=iso["pids"] and not drop & {"pidns", "mountns"},
+                                              mounts=iso["pids"] and "mountns" not in drop)
     applied += namespaces
     log_r, log_w = os.pipe()
     res_r, res_w = os.pipe()
@@ -53,10 +57,12 @@ def main() -> int:
         os.close(res_r)
         os.close(conf_r)
         # Mounting must precede Landlock (a Landlock domain may not mount).
-        inner = isolation.mount_private_proc() if "mountns" in namespaces else []
-        if iso["writes"]:
+        # never a PID namespace with the host's /proc: its pid 1 would see every host process
+        inner = isolation.mount_private_proc() if {"pidns", "mountns"} <= set(namespaces) else []
+        if iso["writes"] and "landlock" not in drop:
             writable = [workdir, req["build_dir"], "/dev/shm"]
-            inner += isolation.restrict_writes(writable, ["/dev"], block_tcp=iso["network"])
+            inner += isolation.restrict_writes(writable, ["/dev"], block_tcp=iso["network"],
+                                               scope="landlock_scope" not in drop)
         _write_all(conf_w, json.dumps(inner).encode())
         os.close(conf_w)
         devnull = os.open(os.devnull, os.O_RDONLY)
@@ -143,6 +149,8 @@ def describe_status(status: int) -> str:
 # --- harness ------------------------------------------------------------------------------------
 
 def harness(req: dict[str, Any], res_fd: int) -> dict[str, Any]:
+    if req["mode"] == "probe":
+        return _probe_step(req["probe_src"])
     import torch
 
     from sandbox import protocol  # captures the clocks: before any candidate code
@@ -156,6 +164,16 @@ def harness(req: dict[str, Any], res_fd: int) -> dict[str, Any]:
         return {**base, **_run_step(req, res_fd)}
     except protocol.StepError as exc:
         return {**base, "stage": exc.stage, "error_kind": exc.kind, "error": exc.message}
+
+
+def _probe_step(probe_src: str) -> dict[str, Any]:
+    """The pool's own trusted code (never a candidate's): does the device work under this isolation?"""
+    try:
+        exec(compile(probe_src, "<isolation probe>", "exec"), {"__name__": "__isolation_probe__"})
+    except BaseException as exc:  # noqa: BLE001 - any failure is the probe's answer
+        return {"stage": "load", "error_kind": "runtime_error", "probe_ok": False,
+                "error": f"{type(exc).__name__}: {exc}"[:2000]}
+    return {"stage": "done", "probe_ok": True}
 
 
 def _compile_step(req: dict[str, Any]) -> dict[str, Any]:
