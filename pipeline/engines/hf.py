@@ -17,6 +17,7 @@ a batch always runs on one weights version, which its generations report.
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 import time
 from dataclasses import dataclass
@@ -70,6 +71,7 @@ class HFEngine:
     def __init__(self, model: Any, tokenizer: Any, max_inflight: int = 64, max_batch_size: int = 32,
                  batch_wait_s: float = 0.005, device: str = "auto") -> None:
         self.device = _pick_device(device)
+        self._seeds = random.Random()  # per-batch sampling seeds; the global torch RNG is left alone
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
         # the chat end token (tokenizer) and the checkpoint's own EOS list both end a response
@@ -169,10 +171,11 @@ class HFEngine:
         sampling = {} if greedy else dict(temperature=params.temperature, top_p=params.top_p,
                                           top_k=params.top_k if params.top_k > 0 else 0)
         seed = next((r.params.seed for r in batch if r.params.seed is not None), None)
+        if seed is None:  # fork_rng restores the global state: draw a fresh seed per batch, or
+            seed = self._seeds.getrandbits(63)  # every unseeded batch would repeat the same tokens
         t0 = time.perf_counter()
         with self._lock, torch.inference_mode(), torch.random.fork_rng(devices=[]):
-            if seed is not None:
-                torch.manual_seed(seed)
+            torch.manual_seed(seed)
             out = self.model.generate(
                 input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                 max_new_tokens=max(r.params.max_tokens for r in batch), do_sample=not greedy,

@@ -137,3 +137,14 @@ async def test_load_weights_accepts_tied_embedding_names(tiny):
     eng.load_weights(exported.items(), version=1)
     assert torch.equal(model.lm_head.weight, other.lm_head.weight)
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+async def test_unseeded_sampling_differs_between_calls(engine, tiny):
+    _, _, tok = tiny
+    prompt = _prompts(tok, 1)[0]
+    params = SamplingParams(temperature=1.0, max_tokens=12)
+    a = await engine.generate(prompt, params)
+    b = await engine.generate(prompt, params)
+    assert a.token_ids != b.token_ids  # 12 tokens from a ~flat 512-way distribution
+    seeded = SamplingParams(temperature=1.0, max_tokens=12, seed=5)
+    assert (await engine.generate(prompt, seeded)).token_ids == (await engine.generate(prompt, seeded)).token_ids
