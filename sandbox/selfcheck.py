@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import sys
 import time
@@ -193,7 +194,9 @@ async def run_cases(cases: list[Case], cfg_overrides: dict) -> list[dict]:
                          "speedup": res.speedup, "ref_ms": res.ref_runtime_ms, "new_ms": res.new_runtime_ms,
                          "wall_s": round(time.monotonic() - t, 2), "error": (res.error or "")[:300],
                          "isolation": res.isolation, "device": res.device, "wall": res.wall_s})
-        rows.append({"case": "_stats", "stats": pool.stats()})
+        verdict = pool.probe_verdict  # the GPU isolation probe's choice, when it ran
+        rows.append({"case": "_stats", "stats": pool.stats(),
+                     "isolation_probe": dataclasses.asdict(verdict) if verdict else None})
     return rows
 
 
@@ -228,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['case']:40s} {r['expect']:15s} {r['got']:15s} {'yes' if r['ok'] else 'NO':4s} {sp:>8s} "
               f"{r['wall_s']:7.1f}")
     print("stats:", json.dumps(rows[-1]["stats"]))
+    if rows[-1]["isolation_probe"]:
+        print("GPU isolation probe:", json.dumps(rows[-1]["isolation_probe"]))
     return 0 if all(r["ok"] for r in rows if r["case"] != "_stats") else 1
 
 
