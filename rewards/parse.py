@@ -19,6 +19,17 @@ _THINK_OPEN = "<think>"
 _THINK_CLOSE = "</think>"
 _FENCE_RE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([\w+#.-]*)[^\n`]*$")
 _PYTHON_TAGS = {"python", "py", "python3", ""}
+MAX_AST_DEPTH = 200
+
+
+def _depth_over(tree: ast.AST, limit: int) -> bool:
+    stack = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return False
 
 
 @dataclass
@@ -141,6 +152,13 @@ def parse_response(text: str, max_chars: int | None = None) -> Parsed:
         return Parsed(thinking, summary, code, "syntax_error", f"line {e.lineno}: {e.msg}")
     except ValueError as e:  # e.g. source with NUL bytes that slipped through
         return Parsed(thinking, summary, code, "syntax_error", str(e))
+    except (RecursionError, MemoryError):  # e.g. x + x + ... thousands of times
+        return Parsed(thinking, summary, code, "syntax_error",
+                      "the code is nested too deeply for the parser")
+    if _depth_over(tree, MAX_AST_DEPTH):
+        # the rules walk the tree recursively: no real kernel nests this deep
+        return Parsed(thinking, summary, code, "syntax_error",
+                      f"the code nests expressions or blocks more than {MAX_AST_DEPTH} levels deep")
     if not _defines_model_new(tree):
         return Parsed(thinking, summary, code, "no_model_new", "the code block does not define class ModelNew")
     return Parsed(thinking, summary, code, None)
