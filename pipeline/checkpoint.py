@@ -60,23 +60,45 @@ def latest(root: str | Path) -> Path | None:
     return found[-1][1] if found else None
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written; the message names the path, and earlier ones are intact."""
+
+
 def save(root: str | Path, step: int, trainer: Any, loop_state: dict[str, Any], keep_last: int) -> Path:
-    """``trainer.save(dir)`` writes model/ and optimizer.pt; loop.pt last, then the rename."""
+    """``trainer.save(dir)`` writes model/ and optimizer.pt; loop.pt last, then the rename.
+
+    Any failure (unwritable run dir, full disk, a trainer rank that dies mid-write) removes the
+    partial directory and raises :class:`CheckpointError`; the checkpoints already there are
+    untouched, so ``resume=auto`` still finds the previous one."""
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}_{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    trainer.save(str(tmp))
-    with open(tmp / "loop.pt", "wb") as f:
-        pickle.dump({"step": step, "rng": rng_state(), **loop_state}, f)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    if keep_last > 0:
-        for _, old in list_checkpoints(root)[:-keep_last]:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        trainer.save(str(tmp))
+        with open(tmp / "loop.pt", "wb") as f:
+            pickle.dump({"step": step, "rng": rng_state(), **loop_state}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        if final.exists():  # the same step again: the old copy goes only once the new one is in place
+            old = root / f".old_step_{step:06d}_{os.getpid()}"
+            os.replace(final, old)
+            os.replace(tmp, final)
             shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+    except Exception as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        prev = latest(root) if root.is_dir() else None
+        raise CheckpointError(
+            f"checkpoint of step {step} could not be written to {final} ({type(e).__name__}: {e}); "
+            f"{'the previous one, ' + str(prev) + ', is intact' if prev else 'no earlier checkpoint exists'}. "
+            "Check that checkpoint.dir under the run dir is writable and has space.") from e
+    if keep_last > 0:
+        for _, old_ckpt in list_checkpoints(root)[:-keep_last]:
+            shutil.rmtree(old_ckpt, ignore_errors=True)
     return final
 
 
