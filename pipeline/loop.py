@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import signal
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -104,6 +105,12 @@ class Loop:
         self.history: list[dict[str, float]] = []
         self._drawer: ThreadPoolExecutor | None = None
         self._pending_draws: list[Future] = []
+        self.stop_requested = False
+
+    def request_stop(self) -> None:
+        """SIGTERM (preemption, scancel): finish the step under way, checkpoint it, stop."""
+        self.stop_requested = True
+        print("[pipeline] stop requested: finishing this step, then a checkpoint", file=sys.stderr, flush=True)
 
     # ---- the two halves --------------------------------------------------------------
     async def generate(self, step: int, version: int) -> Generated:
@@ -160,6 +167,19 @@ class Loop:
 
     # ---- the schedule ----------------------------------------------------------------
     async def run(self) -> list[dict[str, float]]:
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(signal.SIGTERM, self.request_stop)
+            handled = True
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            handled = False
+        try:
+            return await self._run()
+        finally:
+            if handled:
+                loop.remove_signal_handler(signal.SIGTERM)
+
+    async def _run(self) -> list[dict[str, float]]:
         cfg = self.cfg
         if cfg.initial_weight_sync or self.start_step > 0:
             await self.push(self.version, self.start_step - 1)
@@ -198,13 +218,18 @@ class Loop:
                 metrics["timing/prologue_gen"] = prologue
             metrics["pipeline/weights_version"] = float(self.version)
             self._log(step, metrics, cur.samples)
-            self._maybe_checkpoint(step, nxt)
+            saved = self._maybe_checkpoint(step, nxt, force=self.stop_requested)
             if steps_bar is not None:
                 steps_bar.set_postfix_str(f"reward {metrics.get('reward/mean', 0.0):.3f}")
                 steps_bar.update(1)
+            if self.stop_requested and step + 1 < cfg.steps:
+                print(f"[pipeline] stopped after step {step}" + (
+                    f"; checkpoint written, resume=auto continues at step {step + 1}" if saved else ""),
+                      file=sys.stderr, flush=True)
+                break
         if steps_bar is not None:
             steps_bar.close()
-        self._draw(cfg.steps - 1, final=True)
+        self._draw(int(self.history[-1]["step"]) if self.history else cfg.steps - 1, final=True)
         return self.history
 
     # ---- bookkeeping -----------------------------------------------------------------
@@ -265,14 +290,15 @@ class Loop:
             if not self._pending_draws:  # only the newest image is worth a log entry
                 self.p.logger.log_image(step, "timeline", path)
 
-    def _maybe_checkpoint(self, step: int, nxt: Generated | None) -> None:
+    def _maybe_checkpoint(self, step: int, nxt: Generated | None, force: bool = False) -> bool:
         c = self.p.checkpoint_cfg
         last = step == self.cfg.steps - 1
-        if not ((c.every > 0 and (step + 1) % c.every == 0) or (last and c.at_end)):
-            return
+        if not (force or (c.every > 0 and (step + 1) % c.every == 0) or (last and c.at_end)):
+            return False
         state = {"version": self.version, "cursor": step + 1,
                  "pending": nxt.samples if nxt is not None else None}
         checkpoint.save(self.p.run_dir / c.dir, step, self.p.trainer, state, c.keep_last)
+        return True
 
 
 async def _none() -> None:
