@@ -33,6 +33,7 @@ import asyncio
 import copy
 import importlib
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any, AsyncIterator
 
@@ -132,6 +133,12 @@ class SamplerWorker(WeightReceiverMixin):
         await self.env.aclose()
 
 
+def _actor_lost(e: BaseException) -> bool:
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+    return isinstance(e, (ActorDiedError, ActorUnavailableError, RayActorError))
+
+
 class SamplerPool:
     """k sampler workers behind one ``generate`` stream (see the module docstring)."""
 
@@ -150,16 +157,20 @@ class SamplerPool:
         actor_cls = ray.remote(SamplerWorker)
         self.cfg = rollout_cfg
         self.workers: list[Any] = []
+        self._spawn_args: list[tuple[dict[str, Any], tuple]] = []
         for i in range(n):
             opts = pool.actor_options(i) if pool is not None else {"num_cpus": num_cpus,
                                                                     "num_gpus": num_gpus}
             if env_vars:
                 opts["runtime_env"] = {"env_vars": dict(env_vars)}
             opts.update(extra[i])
-            self.workers.append(actor_cls.options(**opts).remote(
-                model_cfg, rollout_cfg, env_spec, i, gpu_memory_fraction))
+            self._spawn_args.append((opts, (model_cfg, rollout_cfg, env_spec, i, gpu_memory_fraction)))
+            self.workers.append(actor_cls.options(**opts).remote(*self._spawn_args[i][1]))
+        self._actor_cls = actor_cls
         self.info = ray.get([w.ping.remote() for w in self.workers])  # surfaces build errors now
         self.last_stats = BatchStats()
+        self.restarts = 0
+        self._last_weights: tuple[Any, int] | None = None  # replayable to a replacement worker
 
     def split(self, tasks: list[TaskRef]) -> list[list[TaskRef]]:
         parts: list[list[TaskRef]] = [[] for _ in self.workers]
@@ -173,16 +184,39 @@ class SamplerPool:
         done = object()
 
         async def drain(i: int, worker: Any, part: list[TaskRef]) -> None:
+            # trajectories with a sample already handed on: after a restart their regenerated
+            # samples are dropped (a trajectory never mixes two runs; no uid is delivered twice)
+            delivered: set[tuple[str, int]] = set()
             try:
-                stream = worker.generate.options(
-                    _generator_backpressure_num_objects=max(1, int(self.cfg.stream_buffer))
-                ).remote(step, part, version)
-                async for ref in stream:
-                    item = await ref
-                    if isinstance(item, BatchStats):
-                        stats.append(item)
-                    else:
-                        await queue.put(item)
+                for attempt in range(2):
+                    keep_out = set(delivered)
+                    try:
+                        stream = worker.generate.options(
+                            _generator_backpressure_num_objects=max(1, int(self.cfg.stream_buffer))
+                        ).remote(step, part, version)
+                        discarded = 0
+                        async for ref in stream:
+                            item = await ref
+                            if isinstance(item, BatchStats):
+                                if attempt:
+                                    item.failures = (item.failures + [
+                                        f"sampler worker {i} was lost during step {step} and replaced: "
+                                        f"{len(part)} task(s) generated again, {discarded} regenerated "
+                                        f"sample(s) of {len(keep_out)} partly delivered trajectories "
+                                        "dropped"])[:20]
+                                stats.append(item)
+                            elif (item.task_id, item.traj) in keep_out:
+                                discarded += 1
+                            else:
+                                delivered.add((item.task_id, item.traj))
+                                await queue.put(item)
+                        return
+                    except Exception as e:
+                        if attempt or not _actor_lost(e):
+                            raise
+                        print(f"[sampler] worker {i} lost during step {step} ({type(e).__name__}); "
+                              "starting a replacement", file=sys.stderr, flush=True)
+                        worker = await self._replace(i)
             except Exception as e:
                 await queue.put(RuntimeError(f"sampler worker {i} failed during step {step}: "
                                              f"{type(e).__name__}: {e}"))
@@ -213,7 +247,29 @@ class SamplerPool:
         return list(await asyncio.gather(*[getattr(w, method).remote(*args) for w in self.workers]))
 
     async def update_weights(self, payload: Any, version: int) -> list[int]:
+        from pipeline.weight_sync import ObjectStoreWeights
+
+        # object-store payloads can be handed again to a worker started later; the others cannot
+        self._last_weights = (payload, version) if isinstance(payload, ObjectStoreWeights) else None
         return await self._all("update_weights", payload, version)
+
+    async def _replace(self, i: int) -> Any:
+        """A new actor in worker ``i``'s place (same bundle), with the newest weights when they can
+        be replayed; otherwise its samples carry the older ``policy_version`` they were made with."""
+        import ray
+
+        try:
+            ray.kill(self.workers[i])
+        except Exception:
+            pass
+        opts, args = self._spawn_args[i]
+        worker = self._actor_cls.options(**opts).remote(*args)
+        await worker.ping.remote()
+        if self._last_weights is not None:
+            await worker.update_weights.remote(*self._last_weights)
+        self.workers[i] = worker
+        self.restarts += 1
+        return worker
 
     async def stats(self) -> list[dict[str, float]]:
         return await self._all("stats")
