@@ -3,7 +3,10 @@
 #   bash bench/device.sh compile   # sandbox selfcheck (cuda), bench.sandbox, bench.reward_streaming
 #   bash bench/device.sh gpu       # bench.trainer, bench.weight_sync, bench.sampler (hf), bench.pipeline
 #   bash bench/device.sh vllm      # bench.sampler with the vLLM engine (after .vbundle is installed)
-# Needs .devpkgs installed into /tmp/site (bash .devpkgs/install.sh). Every bench has its own time
+# Needs .devpkgs installed into /tmp/site (bash .devpkgs/install.sh), built on the CPU machine with
+#   EXTRA="verl==0.9.1 codetiming tensordict==0.10.0 pyvers torchdata==0.11.0 pylatexenc dill orjson" \
+#     bash ../shared/tools/device-pkgs.sh
+# (orjson: verl.utils.tracking imports it; the 2026-12-02 run lacked it and the trainer could not start). Every bench has its own time
 # limit, so one that hangs costs only its share; results are re-packed into $OUT after each.
 set -u
 part=${1:?usage: bench/device.sh compile|gpu|vllm}
