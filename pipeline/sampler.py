@@ -199,6 +199,7 @@ class SamplerPool:
                             item = await ref
                             if isinstance(item, BatchStats):
                                 if attempt:
+                                    item.n_samples -= discarded  # count only what was delivered
                                     item.failures = (item.failures + [
                                         f"sampler worker {i} was lost during step {step} and replaced: "
                                         f"{len(part)} task(s) generated again, {discarded} regenerated "

@@ -54,6 +54,8 @@ async def test_killed_sampler_is_replaced_and_the_step_completes(ray_local):
         whole = [k for k, ts in turns.items() if len(ts) == TURNS]
         assert len(whole) >= len(turns) - 2 * len(victim_tasks)
         assert any("replaced" in f for f in pool.last_stats.failures), pool.last_stats.failures
+        # the lost worker's stats died with it: the replacement's plus the other worker's remain
+        assert pool.last_stats.n_samples <= len(samples)
         # the replacement serves the next step like any worker
         again = [s async for s in pool.generate(4, tasks, 0)]
         assert len(again) == len(tasks) * TRAJ * TURNS and all(s.error is None for s in again)
