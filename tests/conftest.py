@@ -39,3 +39,18 @@ def kernel_cache_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("kernel_cache")
     yield str(d)
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray for the session (pipeline and sampling tests); logical CPUs above the 2 real
+    ones (actors mostly wait). Three logical GPUs let placement tests split a cluster; nothing here asks a real GPU."""
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=8, num_gpus=3, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
+    yield ray
+    if started:
+        ray.shutdown()

@@ -24,14 +24,6 @@ def tiny():
 
 
 @pytest.fixture(scope="session")
-def ray_sampling():
-    """A local Ray for sampler-actor tests (same shape as tests/pipeline's, so either may start it)."""
-    import ray
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=8, num_gpus=3, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
-    yield ray
-    if started:
-        ray.shutdown()
+def ray_sampling(ray_local):
+    """The session's local Ray (tests/conftest.py)."""
+    return ray_local
