@@ -8,6 +8,7 @@ when no block is tagged python.
 from __future__ import annotations
 
 import ast
+import gc
 import re
 from dataclasses import dataclass
 
@@ -20,6 +21,18 @@ _THINK_CLOSE = "</think>"
 _FENCE_RE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([\w+#.-]*)[^\n`]*$")
 _PYTHON_TAGS = {"python", "py", "python3", ""}
 MAX_AST_DEPTH = 200
+
+
+def parse_python(code: str) -> ast.Module:
+    """``ast.parse`` that survives a CPython 3.11 fault: a garbage-collection finalizer (e.g. of an
+    asyncio subprocess transport) running during AST construction can leave the constructor's
+    depth count off, raising ``SystemError: AST constructor recursion depth mismatch`` for valid
+    code (seen in CI). Such a failure is about the interpreter, not the code: parse again once."""
+    try:
+        return ast.parse(code)
+    except SystemError:
+        gc.collect()  # run pending finalizers now, outside the AST constructor
+        return ast.parse(code)
 
 
 def _depth_over(tree: ast.AST, limit: int) -> bool:
@@ -147,7 +160,7 @@ def parse_response(text: str, max_chars: int | None = None) -> Parsed:
                       f"the code block opened on answer line {last.start + 1} is never closed")
     code = last.body
     try:
-        tree = ast.parse(code)
+        tree = parse_python(code)
     except SyntaxError as e:
         return Parsed(thinking, summary, code, "syntax_error", f"line {e.lineno}: {e.msg}")
     except ValueError as e:  # e.g. source with NUL bytes that slipped through

@@ -376,6 +376,7 @@ class EvalPool:
                 self._stats["pch_built" if proc.returncode == 0 else "pch_failed"] += 1
             finally:
                 self._live.discard(proc)
+                _release_transport(proc)
 
     # --- one worker process -------------------------------------------------------------------
 
@@ -427,6 +428,7 @@ class EvalPool:
             self._kill_group(proc)
             await asyncio.to_thread(_sweep_marker, marker)
             self._live.discard(proc)
+            _release_transport(proc)
         wall = time.monotonic() - t0
         if "reason" in watch:
             return _StepOutcome(None, killed_for=watch["reason"], detail=watch.get("detail", ""), wall_s=wall)
@@ -546,3 +548,12 @@ def _sweep_marker(marker: str) -> None:
                     os.kill(int(entry.name), signal.SIGKILL)
         except (OSError, ValueError):
             continue
+
+
+def _release_transport(proc: asyncio.subprocess.Process) -> None:
+    """Close the subprocess transport now. Left to the garbage collector, it is finalised after
+    the event loop has closed ("Event loop is closed" warnings), and such finalizers running
+    inside CPython 3.11's AST constructor made a later ``ast.parse`` fail (seen in CI)."""
+    transport = getattr(proc, "_transport", None)  # asyncio exposes no public close for Process
+    if transport is not None:
+        transport.close()

@@ -10,6 +10,8 @@ import ast
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from rewards.parse import parse_python
+
 # torch.nn constructors that hold data rather than compute
 NN_DATA_HOLDERS = {"torch.nn.Parameter", "torch.nn.ParameterList", "torch.nn.ParameterDict",
                    "torch.nn.Buffer", "torch.nn.parameter.Parameter", "torch.nn.parameter.Buffer"}
@@ -39,7 +41,7 @@ class Answer:
 
     @classmethod
     def from_source(cls, source: str, backend: str) -> "Answer":
-        a = cls(source=source, tree=ast.parse(source), backend=backend)
+        a = cls(source=source, tree=parse_python(source), backend=backend)
         a._collect()
         return a
 
