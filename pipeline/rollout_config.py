@@ -46,12 +46,6 @@ def max_response_length(cfg: RolloutConfig) -> int:
 
 def load_rollout_config(name: str = "hf", overrides: list[str] | None = None) -> RolloutConfig:
     """``conf/rollout/<name>.yaml`` on the schema (for code outside the Hydra entry point)."""
-    from omegaconf import OmegaConf
+    from pipeline.conf_files import load_group
 
-    from pipeline.models.load import CONF_DIR
-
-    cfg = OmegaConf.merge(OmegaConf.structured(RolloutConfig),
-                          OmegaConf.load(CONF_DIR / "rollout" / f"{name}.yaml"))
-    if overrides:
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
-    return cfg
+    return load_group(RolloutConfig, "rollout", name, overrides)

@@ -6,10 +6,10 @@ that names it and says what a checkpoint directory must contain.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+from pipeline.conf_files import load_group
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                  "pytorch_model.bin.index.json")
@@ -17,15 +17,9 @@ _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_m
 
 def load_model_config(name: str = "tiny", overrides: list[str] | None = None) -> Any:
     """``conf/model/<name>.yaml`` merged onto the schema (for code outside the Hydra entry point)."""
-    from omegaconf import OmegaConf
-
     from pipeline.models.config import ModelConfig
 
-    cfg = OmegaConf.merge(OmegaConf.structured(ModelConfig),
-                          OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml"))
-    if overrides:
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
-    return cfg
+    return load_group(ModelConfig, "model", name, overrides)
 
 
 def check_checkpoint_dir(path: str) -> None:
