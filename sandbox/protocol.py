@@ -133,23 +133,45 @@ def make_model(cls: type, task: ModuleType, seed: int, device: str) -> torch.nn.
     return model
 
 
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_PERTURB = -1, -3, -6
+# glibc fills each malloc'd block with (value ^ 0xff) & 0xff: 0x100 gives 0xff bytes, a NaN in every float
+# dtype (and -1 in ints), while the value stays nonzero, which is what switches perturbing on.
+_PERTURB_TO_NAN = 0x100
 
 
 def prepare_host_allocator() -> None:
-    """Keep freed host blocks in the heap (glibc), so poisoned memory is what ``torch.empty`` gets."""
+    """Keep freed host blocks in the heap (glibc) rather than handing them back to the kernel."""
+    _mallopt(_M_MMAP_THRESHOLD, 32 * 1024 * 1024)
+    _mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+
+
+def poison_host_allocations(enabled: bool) -> bool:
+    """While on, every host allocation (``torch.empty`` on CPU included) starts as NaN bytes.
+
+    Deterministic, unlike filling and freeing a buffer and hoping the allocator hands it back: a heap
+    already fragmented by earlier work serves small requests from stale blocks. Turned off for timing,
+    where the fill would be charged to the candidate alone. Returns whether glibc took the setting.
+    """
+    return _mallopt(_M_PERTURB, _PERTURB_TO_NAN if enabled else 0)
+
+
+def _mallopt(param: int, value: int) -> bool:
     try:
-        libc = ctypes.CDLL(None)
-        libc.mallopt(_M_MMAP_THRESHOLD, 32 * 1024 * 1024)
-        libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
-    except (OSError, AttributeError):
-        pass
+        return bool(ctypes.CDLL(None).mallopt(param, value))
+    except (OSError, AttributeError):  # not glibc: the NaN fill of poison_memory is all there is
+        return False
 
 
 def poison_memory(nbytes: int, device: str) -> None:
-    """Fill and free ``nbytes`` with NaN: an output left unwritten reads as NaN, not as a stale answer."""
+    """Fill and free ``nbytes`` with NaN: an output left unwritten reads as NaN, not as a stale answer.
+
+    On the host, :func:`poison_host_allocations` is what makes this hold; the fill covers allocators
+    that ignore it.
+    """
     if nbytes <= 0:
         return
+    if device == "cpu":
+        poison_host_allocations(True)
     for chunk in _chunks(nbytes, 16 * 1024 * 1024 if device == "cpu" else nbytes):
         buf = torch.empty(max(chunk // 4, 1), dtype=torch.float32, device=device)
         buf.fill_(float("nan"))

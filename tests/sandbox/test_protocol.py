@@ -33,10 +33,18 @@ def test_shape_dtype_count_and_nan_are_reported_with_the_output_index():
 
 
 def test_poisoned_memory_is_what_an_unwritten_output_reads():
+    # a heap fragmented by earlier work, as in a long test session, must not hand out stale blocks
+    keep = [torch.randn(1000 * i + 7) for i in range(200)]
+    del keep[::2]
     protocol.prepare_host_allocator()
-    protocol.poison_memory(4 * 2**20, "cpu")
-    stale = torch.empty(64 * 1024)
-    assert torch.isnan(stale).any()
+    try:
+        protocol.poison_memory(4 * 2**20, "cpu")
+        for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+            for n in (3, 300, 64 * 1024, 3 * 2**20):
+                assert torch.isnan(torch.empty(n, dtype=dtype)).all(), (dtype, n)
+    finally:
+        assert protocol.poison_host_allocations(False)
+    assert not torch.isnan(torch.zeros(8)).any()
 
 
 def test_cpu_timing_returns_one_positive_time_per_run():
