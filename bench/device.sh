@@ -31,18 +31,22 @@ step() {  # step NAME LIMIT_S CMD...: run with a limit, log, keep the result fil
 
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,driver_version --format=csv >"$res/gpu.txt" 2>&1
 nproc >>"$res/gpu.txt"; cat "$res/gpu.txt"
+# everything the benches import, so a missing package shows here and not as a bench's crash
+$py -c "import ray, hydra, omegaconf, verl.trainer.ppo.core_algos, verl.utils.experimental.torch_functional, \
+pipeline.main, sandbox.pool, rewards.env; print('imports ok', ray.__version__)" 2>&1 | tail -3
 
 case $part in
 compile)
-  step selfcheck 180 $py -m sandbox.selfcheck --backend cuda --out "$res/selfcheck"
-  step sandbox 200 $py -m bench.sandbox --backend cuda --distinct 16 --max-concurrent 16 \
-       --compile-workers 14 --max-jobs 2 --out "$res/sandbox_cuda.json"
-  step reward_streaming 170 $py -m bench.reward_streaming --backend cuda --compiled 12 --cheap 12 \
+  step selfcheck 150 $py -m sandbox.selfcheck --backend cuda --out "$res/selfcheck"
+  step sandbox 230 $py -m bench.sandbox --backend cuda --prime 2 --distinct 16 --max-concurrent 16 \
+       --compile-workers 8 --max-jobs 2 --out "$res/sandbox_cuda.json"
+  step reward_streaming 150 $py -m bench.reward_streaming --backend cuda --compiled 12 --cheap 12 \
        --gen-seconds 20 --max-concurrent 16 --compile-workers 14 --out "$res/reward_streaming_cuda.json"
   ;;
 gpu)
-  step trainer 130 $py -m bench.trainer --preset qwen0.5b --rows 64 --min-len 256 --max-len 4096 \
-       --token-budget 8192 --steps 3 --rl-step --prompt-len 512 --out "$res/trainer_h200.json"
+  step trainer 200 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer --preset qwen0.5b --rows 64 --min-len 256 --max-len 4096 \
+       --token-budget 8192 --steps 2 --rl-step --rl-budgets 8192,32768 --rl-chunks 1024 --prompt-len 512 \
+       --out "$res/trainer_h200.json"
   step weight_sync 100 $py -m bench.weight_sync --preset qwen0.5b-untied --transports cuda_ipc,object_store \
        --pushes 4 --out "$res/weight_sync_h200.json"
   step pipeline 200 $py -m bench.pipeline --steps 3 --run-root /tmp/bench_runs --out "$res/pipeline_h200.json" -- \

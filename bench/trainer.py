@@ -128,7 +128,8 @@ def matmul_tflops(device: torch.device, n: int = 8192, reps: int = 10) -> float 
     return 2 * n**3 * reps / (start.elapsed_time(end) / 1e3) / 1e12
 
 
-def rl_step(args: Any, arch: dict[str, Any], lengths: list[int], device: torch.device) -> dict[str, Any]:
+def rl_step(args: Any, arch: dict[str, Any], lengths: list[int], device: torch.device, budget: int,
+            chunk: int) -> dict[str, Any]:
     """The project's own trainer step (pipeline.trainer.worker.TrainerWorker.train_step) on a
     GRPO+ batch built by pipeline.algorithms.build_train_batch from synthetic samples: prompt
     ``--prompt-len`` tokens, responses of the lengths above, 8 samples per task, random scores.
@@ -145,9 +146,9 @@ def rl_step(args: Any, arch: dict[str, Any], lengths: list[int], device: torch.d
     over = {f"tiny.{k}": v for k, v in arch.items()}
     over["tiny.max_position_embeddings"] = 32768
     model_cfg = group(ModelConfig, "model/tiny", **over)
-    algo = group(AlgorithmConfig, "algorithm/grpo_plus", micro_batch_tokens=args.token_budget)
+    algo = group(AlgorithmConfig, "algorithm/grpo_plus", micro_batch_tokens=budget)
     max_resp = max(lengths)
-    worker = TrainerWorker(0, 1, model_cfg, group(TrainerConfig, "trainer/fsdp2"), algo,
+    worker = TrainerWorker(0, 1, model_cfg, group(TrainerConfig, "trainer/fsdp2", logprob_chunk_tokens=chunk), algo,
                            max_response_length=max_resp, temperature=1.0, total_optim_steps=100)
     worker.init("127.0.0.1", free_port())
     rng = random.Random(1)
@@ -183,10 +184,11 @@ def rl_step(args: Any, arch: dict[str, Any], lengths: list[int], device: torch.d
     flops = sum(8 * n_body * n + 8 * V * d * r + 8 * L * d * n * n for n, r in zip(lens, resp))
     padded = int(batch.input_ids.numel())
     achieved = flops / t / 1e12
-    return {"layout": "rl_step (project trainer, padded rows)", "step_s": t, "tokens_per_s": sum(lens) / t,
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
+    return {"layout": f"rl_step (project trainer, budget {budget}, logprob chunk {chunk or 'off'})", "step_s": t, "tokens_per_s": sum(lens) / t,
             "TFLOP/s": achieved, "mfu_vs_peak": achieved / args.peak_tflops if device.type == "cuda" else None,
             "micro_batches": sum(len(m) for m in plan.ranks[0].mini_batches), "computed_tokens": padded,
-            "rows": n_rows}
+            "rows": n_rows, "peak_mem_gib": peak}
 
 
 def main() -> None:
@@ -203,6 +205,8 @@ def main() -> None:
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak used for MFU")
     p.add_argument("--layouts", default="padded,packed")
     p.add_argument("--rl-step", action="store_true", help="also time the project's trainer step")
+    p.add_argument("--rl-budgets", default="", help="micro-batch token budgets of the rl steps (default --token-budget)")
+    p.add_argument("--rl-chunks", default="1024", help="logprob_chunk_tokens of the rl steps (0: full logits)")
     p.add_argument("--prompt-len", type=int, default=512)
     args = p.parse_args()
 
@@ -260,12 +264,19 @@ def main() -> None:
         del model, opt
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        try:
-            rows.append(rl_step(args, arch, lengths, device))
-        except Exception as e:  # the loop rows above are still worth reporting; the error is shown
-            rows.append({"layout": "rl_step (project trainer, padded rows)",
-                         "error": f"{type(e).__name__}: {str(e)[:300]}"})
-        progress("trainer", rows[-1])
+        for budget in [int(b) for b in (args.rl_budgets or str(args.token_budget)).split(",")]:
+            for chunk in [int(c) for c in args.rl_chunks.split(",")]:
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                    torch.cuda.reset_peak_memory_stats()
+                try:
+                    rows.append(rl_step(args, arch, lengths, device, budget, chunk))
+                except Exception as e:  # the rows before are still worth reporting; the error is shown
+                    rows.append({"layout": f"rl_step (project trainer, budget {budget}, logprob chunk {chunk})",
+                                 "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                    if dist.is_initialized():
+                        dist.destroy_process_group()
+                progress("trainer", rows[-1])
     best = max((r["mfu_vs_peak"] or 0.0) for r in rows)
     extra = {"matmul_params": n_mm, "params": n_params,
              "real_tokens_per_step": real_tokens, "padded_tokens_per_step": padded_tokens,

@@ -7,12 +7,22 @@ when a PCH for the call's flags exists, its directory is put first on the includ
 takes ``torch/extension.h.gch`` in place of the header). The candidate's source and flags are
 unchanged, so the built module is the same.
 
+nvcc has no PCH, and a ``.cu`` that includes torch/extension.h pays for its whole parse three times
+(cudafe++, cicc, host g++). torch already puts ``#include <torch/types.h>`` at the top of every
+``load_inline`` ``.cu``, which is what CUDA code uses (``torch::Tensor``, factories, ``TORCH_CHECK``,
+dispatch macros). So nvcc first sees a trusted :data:`NARROW_EXTENSION_H` in place of
+torch/extension.h (a directory the pool writes and no sandbox can); if that build fails, the call
+is built again with the real header, under its own name so torch's versioning and the run step's
+rebuild check see one consistent build. What a candidate may write is unchanged: any source that
+builds with the real header builds, the narrow header only makes the common case cheaper.
+
 ``python -m sandbox.build --pch-root DIR --cflags '<json list>'`` builds one PCH (the pool runs it).
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -25,6 +35,15 @@ from pathlib import Path
 from typing import Any
 
 PCH_HEADER = "torch/extension.h"
+NARROW_EXTENSION_H = """\
+// sandbox/build.py: what nvcc sees for torch/extension.h. torch/types.h, which load_inline already
+// includes, is all device code needs; a build this header cannot satisfy is redone with the real one.
+#pragma once
+#include <torch/types.h>
+"""
+# Text in a .cu that needs more than torch/types.h: skip the narrow attempt rather than fail it.
+_NEEDS_FULL_HEADER = ("PYBIND11", "pybind11", "py::", "torch::nn", "torch::optim", "torch::jit", "torch::autograd")
+FULL_HEADER_SUFFIX = "_fullhdr"
 
 
 def build_key(candidate_src: str, backend: str, arch: str, torch_version: str) -> str:
@@ -87,39 +106,91 @@ def build_pch(pch_root: str | Path, extra_cflags: list[str], timeout_s: float = 
     return final
 
 
-def install_build_hooks(build_dir: str, pch_root: str | None, wanted: list[list[str]]) -> None:
+def write_narrow_header(root: str | Path) -> Path:
+    """The include dir holding :data:`NARROW_EXTENSION_H` (trusted: the pool writes it)."""
+    path = Path(root) / "torch" / "extension.h"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_text() != NARROW_EXTENSION_H:
+        path.write_text(NARROW_EXTENSION_H)
+    return Path(root)
+
+
+def install_build_hooks(build_dir: str, pch_root: str | None, wanted: list[list[str]],
+                        narrow_header_dir: str | None = None) -> None:
     """Wrap ``load_inline`` (inside the sandbox, before the candidate loads).
 
-    The first time a build is made (compile step) the PCH decision is written next to it, and the
-    run step repeats that decision, so both produce the same build command (no rebuild).
-    ``wanted`` collects flag sets that had no PCH yet, for the pool to build.
+    The first time a build is made (compile step) its decisions (PCH, narrow CUDA header) are
+    written next to it, and the run step repeats them, so both produce the same build command (no
+    rebuild). ``wanted`` collects flag sets that had no PCH yet, for the pool to build.
     """
     from torch.utils import cpp_extension
 
     original = cpp_extension.load_inline
+    signature = inspect.signature(original)
 
-    def load_inline(name: str, cpp_sources: Any, *args: Any, **kwargs: Any) -> Any:
-        kwargs["use_pch"] = False  # torch's own PCH lives in site-packages, shared by all: never
-        extra = [str(f) for f in (kwargs.get("extra_cflags") or [])]
+    def load_inline(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return original(*args, **kwargs)  # let torch word the error
+        call = bound.arguments
+        call["use_pch"] = False  # torch's own PCH lives in site-packages, shared by all: never
+        name = str(call["name"])
         decision_file = Path(build_dir) / f"{name}.pch.json"
-        pch_dir: str | None = None
-        if decision_file.exists():
-            pch_dir = json.loads(decision_file.read_text()).get("pch_dir")
-        elif pch_root and not kwargs.get("no_implicit_headers"):
-            candidate = Path(pch_root) / pch_key(extra)
-            if (candidate / (PCH_HEADER + ".gch")).exists():
-                pch_dir = str(candidate)
-            else:
-                wanted.append(extra)
+        decision = json.loads(decision_file.read_text()) if decision_file.exists() else None
+        if decision is None:
+            decision = {"pch_dir": _pch_for(call, pch_root, wanted), "build_name": name,
+                        "narrow_cuda_header": narrow_header_dir if _narrow_header_applies(call, narrow_header_dir) else None}
+        build = dict(call, name=decision.get("build_name", name))
+        if decision.get("pch_dir"):
+            build["extra_include_paths"] = [decision["pch_dir"]] + list(call.get("extra_include_paths") or [])
+        if decision.get("narrow_cuda_header"):
+            narrow = dict(build, extra_cuda_cflags=[f"-I{decision['narrow_cuda_header']}"]
+                          + list(call.get("extra_cuda_cflags") or []))
             try:
-                decision_file.write_text(json.dumps({"pch_dir": pch_dir, "extra_cflags": extra}))
-            except OSError:
-                pass
-        if pch_dir:
-            kwargs["extra_include_paths"] = [pch_dir] + list(kwargs.get("extra_include_paths") or [])
-        return original(name, cpp_sources, *args, **kwargs)
+                module = original(**narrow)
+            except Exception:  # noqa: BLE001 - whatever the narrow header lacked: build as written
+                # under its own name: its own build dir and version counter, in this process and the next
+                decision = {**decision, "narrow_cuda_header": None, "build_name": name + FULL_HEADER_SUFFIX}
+                build["name"] = decision["build_name"]
+            else:
+                _record(decision_file, decision, call)
+                return module
+        _record(decision_file, decision, call)
+        return original(**build)
 
+    load_inline.__wrapped__ = original  # type: ignore[attr-defined]
     cpp_extension.load_inline = load_inline
+
+
+def _pch_for(call: dict[str, Any], pch_root: str | None, wanted: list[list[str]]) -> str | None:
+    if not pch_root or call.get("no_implicit_headers"):
+        return None
+    extra = [str(f) for f in (call.get("extra_cflags") or [])]
+    candidate = Path(pch_root) / pch_key(extra)
+    if (candidate / (PCH_HEADER + ".gch")).exists():
+        return str(candidate)
+    wanted.append(extra)
+    return None
+
+
+def _is_cuda_call(call: dict[str, Any]) -> bool:
+    return bool(call.get("cuda_sources"))
+
+
+def _narrow_header_applies(call: dict[str, Any], narrow_header_dir: str | None) -> bool:
+    if not narrow_header_dir or not _is_cuda_call(call) or call.get("no_implicit_headers"):
+        return False
+    sources = call["cuda_sources"]
+    text = sources if isinstance(sources, str) else "\n".join(str(s) for s in sources)
+    return not any(marker in text for marker in _NEEDS_FULL_HEADER)
+
+
+def _record(decision_file: Path, decision: dict[str, Any], call: dict[str, Any]) -> None:
+    try:
+        decision_file.write_text(json.dumps({**decision, "extra_cflags": [str(f) for f in call.get("extra_cflags") or []]}))
+    except OSError:
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,7 +33,7 @@ from typing import Any
 
 import psutil
 
-from sandbox.build import build_key, task_key
+from sandbox.build import build_key, task_key, write_narrow_header
 from sandbox.config import BACKENDS, EvalConfig, validate
 from sandbox.gpu_probe import IsolationProbe, ProbeVerdict, choose_isolation
 from sandbox.result import EvalResult
@@ -115,6 +115,7 @@ class EvalPool:
         self.cache = Path(cfg.cache_dir or tempfile.mkdtemp(prefix="sandbox_cache_"))
         for sub in ("builds", "pch", "refs", "work"):
             (self.cache / sub).mkdir(parents=True, exist_ok=True)
+        self._narrow_header_dir = str(write_narrow_header(self.cache / "narrow_header"))
         self._slots = asyncio.Semaphore(cfg.max_concurrent)
         self._compile_slots = asyncio.Semaphore(cfg.compile_workers)
         self._building: dict[str, asyncio.Task] = {}
@@ -153,6 +154,10 @@ class EvalPool:
         self._stats[f"error/{result.error_kind}" if result.error_kind else "error/none"] += 1
         self._stats["correct"] += int(result.correct)
         return result
+
+    async def headers_ready(self) -> None:
+        """Wait for the precompiled headers being built (benchmarks: measure the steady state)."""
+        await asyncio.gather(*self._pch_building.values(), return_exceptions=True)
 
     def stats(self) -> dict[str, float]:
         minutes = max((time.monotonic() - self._started) / 60.0, 1e-9)
@@ -389,6 +394,7 @@ class EvalPool:
         use_as = backend == "cpu" or (backend == "triton" and gpu is None)
         req = {**req, "workdir": str(workdir), "build_dir": str(build_dir),
                "pch_root": str(self.cache / "pch") if cfg.precompiled_header else None,
+               "narrow_header_dir": self._narrow_header_dir if cfg.narrow_cuda_header else None,
                "tail_bytes": cfg.output_tail_bytes,
                "limits": {"memory_bytes": cfg.memory_limit_bytes if use_as else None,
                           "open_files": cfg.max_open_files, "processes": cfg.max_processes,

@@ -23,6 +23,7 @@ class TrainerConfig:
     reduce_dtype: str = MISSING     # gradient reduction dtype
     gradient_checkpointing: bool = MISSING
     attn_implementation: str = MISSING  # auto | sdpa | eager | flash_attention_2
+    logprob_chunk_tokens: int = MISSING  # >0: log-probs from hidden states in chunks (verl FusedLinearForPPO); 0: full logits
     reshard_after_forward: bool = MISSING
     backend: str = MISSING          # auto | gloo | nccl (auto: nccl on GPU, gloo on CPU)
     weight_bucket_mb: float = MISSING  # weight export bucket size (object store, IPC, broadcast)

@@ -128,6 +128,8 @@ class TrainerWorker:
             del full
         model.to(self.device)
         model.train()
+        if self.cfg.logprob_chunk_tokens > 0:
+            _compute_log_probs_in_forward(model, self.cfg.logprob_chunk_tokens)
         self.model = model
 
     def _build_optimizer(self) -> None:
@@ -159,6 +161,11 @@ class TrainerWorker:
 
         mb, R = self._trim(mb)
         ids = mb["input_ids"].to(self.device)
+        if self.cfg.logprob_chunk_tokens > 0:
+            logp, ent = self.model(input_ids=ids, attention_mask=mb["attention_mask"].to(self.device),
+                                   position_ids=mb["position_ids"].to(self.device), targets=ids[:, -R:],
+                                   temperature=self.temperature)
+            return mb, logp, (ent if with_entropy else None)
         out = self.model(input_ids=ids, attention_mask=mb["attention_mask"].to(self.device),
                          position_ids=mb["position_ids"].to(self.device), use_cache=False,
                          logits_to_keep=R + 1)
@@ -344,6 +351,32 @@ def _load(model_cfg: Any, meta: bool) -> tuple[torch.nn.Module, Any]:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust, dtype=torch.float32)
     return model, load_tokenizer(model_cfg)
+
+
+def _compute_log_probs_in_forward(model: torch.nn.Module, chunk_tokens: int) -> None:
+    """``model(input_ids, attention_mask, position_ids, targets, temperature)`` -> (log-probs,
+    entropy) of ``targets``, the last positions of ``input_ids``.
+
+    verl's FusedLinearForPPO turns the final hidden states into both, ``chunk_tokens`` rows at a
+    time, recomputing each chunk's logits in the backward: the [tokens, vocab] fp32 logits (20 GB
+    for 32k tokens at Qwen's vocabulary) never exist. It runs inside the root module's own forward
+    because that is where FSDP2 has gathered the root's parameters (lm_head, a tied embedding).
+    """
+    import types
+
+    from verl.utils.experimental.torch_functional import FusedLinearForPPO
+
+    head = FusedLinearForPPO(chunk_size=chunk_tokens)
+
+    def forward(self, input_ids, attention_mask, position_ids, targets, temperature):
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            use_cache=False).last_hidden_state
+        R = targets.shape[1]
+        # position t predicts token t+1: the hidden states before each target
+        logp, entropy = head(hidden[:, -(R + 1):-1, :], self.get_output_embeddings().weight, targets, temperature)
+        return logp.clone(), entropy.clone()  # views out of an FSDP module lose its backward hook to in-place ops
+
+    model.forward = types.MethodType(forward, model)
 
 
 def _has_flash_attn() -> bool:

@@ -117,3 +117,36 @@ def test_two_ranks_equal_one_rank_and_corrections_agree(ray_local, configs, tmp_
     for m in (mb, mt):
         assert m["actor/loss"] == pytest.approx(m1["actor/loss"], rel=1e-3, abs=1e-6)
         assert m["actor/grad_norm"] == pytest.approx(m1["actor/grad_norm"], rel=1e-3)
+
+
+def test_chunked_log_probs_train_like_the_full_logits(configs):
+    """verl's FusedLinearForPPO head (2-token chunks here, so every row spans several) gives the
+    same step as log-probs from the full [tokens, vocab] logits: loss, grad norm and weights."""
+    from pipeline.trainer import TrainerWorker
+    from pipeline.trainer.worker import BATCH_KEYS, free_port
+
+    model_cfg, trainer_cfg, algo_cfg = configs
+    model, tok = load_model_and_tokenizer(model_cfg)
+    samples = make_samples(len(tok), seed=3)
+    batch = build_train_batch(samples, algo_cfg, MAX_RESPONSE, tok.pad_token_id)
+    lens = [int(x) for x in batch.attention_mask.sum(1)]
+    plan = plan_step(lens, [int(x) for x in batch.response_mask.sum(1)], 1, algo_cfg.ppo_mini_batches,
+                     algo_cfg.micro_batch_tokens)
+    shard = {k: getattr(batch, k)[torch.tensor(plan.ranks[0].rows)] for k in BATCH_KEYS}
+    results = {}
+    for chunk in (0, 2):
+        worker = TrainerWorker(0, 1, model_cfg, dataclasses.replace(trainer_cfg, logprob_chunk_tokens=chunk),
+                               algo_cfg, MAX_RESPONSE, temperature=0.7, total_optim_steps=4)
+        worker.init("127.0.0.1", free_port())
+        try:
+            metrics = worker.train_step(shard, plan.ranks[0], plan.global_seqs, plan.global_tokens, MAX_RESPONSE)
+            results[chunk] = metrics, {k: v.clone() for k, v in worker.full_state_dict().items()}
+        finally:
+            worker.shutdown()
+    (m_full, w_full), (m_chunk, w_chunk) = results[0], results[2]
+    assert m_full["actor/grad_norm"] > 0
+    for key in ("actor/loss", "actor/grad_norm", "actor/entropy", "actor/ppo_kl"):
+        if key in m_full:
+            assert m_chunk[key] == pytest.approx(m_full[key], rel=1e-4, abs=1e-6), key
+    for k in w_full:
+        torch.testing.assert_close(w_chunk[k], w_full[k], rtol=1e-4, atol=2e-5)

@@ -1,7 +1,8 @@
 """The CUDA reference solutions compile with nvcc (this machine has nvcc but no GPU to run them).
 
 One nvcc call for all of them: their kernels go into one translation unit, each in its own
-namespace, so torch/extension.h is parsed once (one cold compile for the whole directory).
+namespace, so the headers are parsed once (one cold compile for the whole directory). The unit is
+built as the sandbox first builds a .cu: torch/extension.h resolves to its narrow header.
 """
 import ast
 import re
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from rewards.solutions import available, load_solution
+from sandbox.build import write_narrow_header
 
 pytestmark = pytest.mark.slow
 
@@ -44,14 +46,16 @@ def test_cuda_solutions_compile_with_nvcc(tmp_path: Path):
     assert len(task_ids) >= 3
     unit = one_translation_unit({t: cuda_source(load_solution("cuda", t)) for t in task_ids})
     assert unit.count("__global__") >= 3
-    (tmp_path / "all.cu").write_text(unit)
+    (tmp_path / "all.cu").write_text("#include <torch/types.h>\n" + unit)  # what load_inline puts first
     # CPU-only torch wheels ship c10/cuda headers without this generated one; it holds one macro
     shim = tmp_path / "shim" / "c10" / "cuda" / "impl"
     shim.mkdir(parents=True)
     (shim / "cuda_cmake_macros.h").write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
     includes = [f"-I{p}" for p in [*include_paths(), sysconfig.get_paths()["include"]]]
+    # as the sandbox builds them first: torch/extension.h resolves to the narrow header
+    narrow = write_narrow_header(tmp_path / "narrow")
     cmd = ["nvcc", "-c", "-std=c++17", "-O3", "-arch=sm_90", "-Xcompiler", "-fPIC", "-DTORCH_EXTENSION_NAME=all",
-           f"-I{tmp_path / 'shim'}", *includes, str(tmp_path / "all.cu"), "-o", str(tmp_path / "all.o")]
+           f"-I{narrow}", f"-I{tmp_path / 'shim'}", *includes, str(tmp_path / "all.cu"), "-o", str(tmp_path / "all.o")]
     start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     errors = [line for line in proc.stderr.splitlines() if re.search(r"\berror\b", line)]
