@@ -67,7 +67,13 @@ def ninja_times(ext_dir: Path) -> dict[str, float]:
 
 
 def child(job: dict[str, Any]) -> None:
+    import torch
+    from torch.utils import cpp_extension
+
     from sandbox import build, protocol
+
+    if not torch.version.cuda and os.environ.get("CUDA_HOME"):
+        cpp_extension.CUDA_HOME = os.environ["CUDA_HOME"]  # a CPU torch never looks for nvcc itself
 
     build.install_build_hooks(job["ext_dir"], job["pch_root"], [], job["narrow_dir"])
     try:

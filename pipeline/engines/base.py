@@ -47,6 +47,17 @@ class EngineAsleep(RuntimeError):
     """``generate`` was called between ``sleep()`` and ``wake()``."""
 
 
+def request_error(asleep: bool, prompt_ids: list[int], params: SamplingParams) -> str | None:
+    """Why a request cannot be generated at all (every engine checks the same), or None."""
+    if asleep:
+        return f"{EngineAsleep.__name__}: generate() between sleep() and wake()"
+    if not prompt_ids:
+        return "empty prompt"
+    if params.max_tokens < 1:
+        return f"max_tokens={params.max_tokens}: expected >= 1"
+    return None
+
+
 @runtime_checkable
 class Engine(Protocol):
     version: int

@@ -25,7 +25,7 @@ from typing import Any, Iterable
 
 import torch
 
-from pipeline.engines.base import EngineAsleep, Generation, SamplingParams
+from pipeline.engines.base import Generation, SamplingParams, request_error
 
 
 @dataclass
@@ -97,13 +97,9 @@ class HFEngine:
 
     # ---- generation ----------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        if self._asleep:
-            return Generation.failed(f"{EngineAsleep.__name__}: generate() between sleep() and wake()",
-                                     self.version)
-        if not prompt_ids:
-            return Generation.failed("empty prompt", self.version)
-        if params.max_tokens < 1:
-            return Generation.failed(f"max_tokens={params.max_tokens}: expected >= 1", self.version)
+        error = request_error(self._asleep, prompt_ids, params)
+        if error:
+            return Generation.failed(error, self.version)
         vocab = self.model.get_input_embeddings().num_embeddings
         bad = [t for t in prompt_ids if not 0 <= t < vocab]
         if bad:  # an out-of-range embedding index would poison a CUDA context for every request

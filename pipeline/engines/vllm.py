@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from pipeline.engines.base import EngineAsleep, Generation, SamplingParams
+from pipeline.engines.base import Generation, SamplingParams, request_error
 
 
 def _vllm_env() -> None:
@@ -182,11 +182,9 @@ class VLLMEngine:
                    output_kind=RequestOutputKind.FINAL_ONLY)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        if self._asleep:
-            return Generation.failed(f"{EngineAsleep.__name__}: generate() between sleep() and wake()",
-                                     self.version)
-        if not prompt_ids:
-            return Generation.failed("empty prompt", self.version)
+        error = request_error(self._asleep, prompt_ids, params)
+        if error:
+            return Generation.failed(error, self.version)
         loop = asyncio.get_running_loop()
         sem = self._sems.setdefault(id(loop), asyncio.Semaphore(self.max_inflight))
         async with sem:
