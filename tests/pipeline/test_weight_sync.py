@@ -67,6 +67,19 @@ def test_push_reaches_every_sampler(ray_local):
         again = asyncio.run(generate(samplers, 3, tasks))
         assert {s.policy_version for s in again} == {3}
         assert max_gap(model1, again) < 1e-4
+
+        # a lost sampler is replaced (with the base weights: version 0); the next push forms the
+        # group again with the replacement in it instead of hanging on the lost member
+        import ray
+
+        ray.kill(samplers.workers[0])
+        replaced = asyncio.run(generate(samplers, 4, tasks))
+        assert samplers.restarts == 1 and len(replaced) == len(before)
+        assert 0 in {s.policy_version for s in replaced}
+        asyncio.run(bsync.push(5))
+        last = asyncio.run(generate(samplers, 5, tasks))
+        assert {s.policy_version for s in last} == {5} and len({s.task_id for s in last}) == 2
+        assert max_gap(model1, last) < 1e-4
     finally:
         samplers.shutdown()
         trainer.shutdown()
