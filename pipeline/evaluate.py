@@ -6,6 +6,11 @@ prompts as training), then reports, per turn budget t = 1..T (an attempt = a tra
 correct kernel within its first t turns): pass@k (Chen et al.'s unbiased estimator) for each k
 in ``evaluate.ks``, best@k / avg@k of correctness and speedup, and fast_p. Writes
 ``eval.json`` in the run dir and logs through the configured logger.
+
+``evaluate.search=beam`` runs Kevin's test-time beam search instead (``pipeline.beam``:
+``evaluate.beam.width`` trajectories per task, the best ``keep`` continued every
+``turns_per_round`` turns, for ``rounds`` rounds) and reports ``eval/beam/<metric>/budget_<b>``
+per budget b = turns so far.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from pipeline.beam import BeamConfig, beam_metrics, beam_search, check_beam
 from pipeline.eval_metrics import summarize
 from pipeline.sample import Sample
 
@@ -34,6 +40,10 @@ class EvaluateConfig:
     fast_ps: list[float] = field(default_factory=lambda: MISSING)
     max_tasks: int = MISSING           # 0: all tasks of the split
     temperature: float | None = MISSING  # null: rollout.temperature
+    search: str = MISSING              # none: k trajectories of rollout.turns; beam: pipeline.beam
+    beam: BeamConfig = field(default_factory=BeamConfig)
+
+SEARCHES = ("none", "beam")
 
 
 def attempts_by_budget(samples: list[Sample], turns: int) -> dict[int, list[tuple[str, bool, float | None]]]:
@@ -69,18 +79,42 @@ def _replace(node: Any, **values: Any) -> Any:
     return node
 
 
-async def _collect(pool: Any, tasks: list[Any], expected: int) -> list[Sample]:
+async def _collect(pool: Any, tasks: list[Any], expected: int,
+                   beam: BeamConfig | None = None) -> list[Sample]:
     from tqdm import tqdm
 
-    out = []
     with tqdm(total=expected, desc="evaluate", file=sys.stderr, dynamic_ncols=True) as bar:
-        async for s in pool.generate(0, tasks, 0):
-            out.append(s)
-            bar.update(1)
-    return out
+        async def generate(starts: Any = None) -> Any:
+            async for s in pool.generate(0, tasks, 0, starts):
+                bar.update(1)
+                yield s
+
+        if beam is not None:
+            return await beam_search(generate, [t.task_id for t in tasks], beam)
+        return [s async for s in generate()]
+
+
+def check(ev: Any) -> None:
+    """Evaluate's own checks; each message names the key."""
+    if ev.search not in SEARCHES:
+        raise ValueError(f"evaluate.search={ev.search!r}: expected one of {SEARCHES}")
+    if ev.search == "beam":
+        errors = check_beam(ev.beam, ev.ks)
+        if errors:
+            raise ValueError("; ".join(errors))
+        return
+    bad = [k for k in ev.ks if k < 1 or k > ev.k]
+    if bad:
+        raise ValueError(f"evaluate.ks={list(ev.ks)}: every k must be in [1, evaluate.k={ev.k}]")
 
 
 def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, float]:
+    """Evaluate, write ``eval.json`` and log; returns the metrics."""
+    return run_samples(cfg, run_dir)[1]
+
+
+def run_samples(cfg: DictConfig, run_dir: str | Path) -> tuple[list[Sample], dict[str, float]]:
+    """:func:`run`, also returning every generated Sample."""
     from pipeline.main import env_spec
     from pipeline.pools import init_ray, plan_pools
     from pipeline.sampler import SamplerPool
@@ -90,9 +124,8 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, float]:
     OmegaConf.resolve(cfg)
     conf: Any = cfg  # typed at composition; unused groups may hold MISSING values
     ev = conf.evaluate
-    bad = [k for k in ev.ks if k < 1 or k > ev.k]
-    if bad:
-        raise ValueError(f"evaluate.ks={list(ev.ks)}: every k must be in [1, evaluate.k={ev.k}]")
+    check(ev)
+    beam = ev.beam if ev.search == "beam" else None
     model_cfg = conf.model
     if ev.checkpoint:
         model_dir = Path(ev.checkpoint) / "model"
@@ -100,7 +133,8 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, float]:
             raise FileNotFoundError(f"evaluate.checkpoint={ev.checkpoint}: expected a checkpoint "
                                     f"directory with model/ (HF format) inside")
         model_cfg = _replace(model_cfg, path=str(model_dir))
-    rollout = _replace(conf.rollout, n_trajectories=ev.k,
+    rollout = _replace(conf.rollout, n_trajectories=ev.k if beam is None else beam.width,
+                       turns=conf.rollout.turns if beam is None else beam.turns_per_round,
                        temperature=ev.temperature if ev.temperature is not None
                        else conf.rollout.temperature)
     started = init_ray(conf.resources)
@@ -115,13 +149,18 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, float]:
                 tasks = tasks[:ev.max_tasks]
             if not tasks:
                 raise ValueError(f"evaluate.split={ev.split!r} has no tasks")
-            samples = asyncio.run(_collect(pool, tasks, len(tasks) * rollout.n_trajectories * rollout.turns))
+            rounds = beam.rounds if beam is not None else 1
+            samples = asyncio.run(_collect(pool, tasks, len(tasks) * rollout.n_trajectories
+                                           * rollout.turns * rounds, beam))
         finally:
             pool.shutdown()
     finally:
         if started:
             ray.shutdown()
-    metrics = evaluation_metrics(samples, rollout.turns, list(ev.ks), list(ev.fast_ps))
+    if beam is not None:
+        metrics = beam_metrics(samples, beam, list(ev.ks), list(ev.fast_ps))
+    else:
+        metrics = evaluation_metrics(samples, rollout.turns, list(ev.ks), list(ev.fast_ps))
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "eval.json").write_text(json.dumps(metrics, indent=1))
@@ -136,12 +175,16 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, float]:
         logger.close()
     for k, v in sorted(metrics.items()):
         print(f"{k:32s} {v:.4f}", file=sys.stderr)
-    return metrics
+    return samples, metrics
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float:
     metrics = run(cfg, HydraConfig.get().runtime.output_dir)
+    ev = cfg.evaluate
+    if ev.search == "beam":
+        budget = ev.beam.rounds * ev.beam.turns_per_round
+        return float(metrics.get(f"eval/beam/best_correct/budget_{budget}", 0.0))
     return float(metrics.get("eval/best_correct", 0.0))
 
 

@@ -11,11 +11,16 @@ Sample with ``error`` set and ends that trajectory. A prompt longer than ``max_p
 loses its oldest turns first; if the task prompt alone is too long the trajectory ends, counted in
 ``BatchStats.ended_prompt_too_long`` (no sample: nothing was generated).
 
+A trajectory may continue an earlier one (test-time search, ``pipeline.beam``): ``starts`` maps
+``(task_id, traj)`` to a :class:`Start` whose history opens its prompts and whose turn ids go on
+from ``first_turn``; its Samples carry the Start's ``round`` and ``parent``.
+
 API::
 
     batch = await run_episodes(engine, tokenizer, env, tasks, step, version, cfg, on_sample=cb)
     batch.samples, batch.stats.metrics()
     async for sample in stream_episodes(engine, tokenizer, env, tasks, step, version, cfg): ...
+    await run_episodes(..., starts={("toy/holdout/0", 0): Start(history, first_turn=4, round=1, parent=2)})
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ import inspect
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
 from pipeline.engines.base import Engine, Generation, SamplingParams
 from pipeline.rollout_config import RolloutConfig, response_length_at
@@ -97,6 +102,31 @@ class BatchStats:
 
 
 @dataclass
+class Start:
+    """Where a trajectory begins: after ``history`` (finished turns of the trajectory it continues),
+    with turn ids from ``first_turn`` (default ``len(history)``); ``round`` and ``parent`` are
+    copied onto its Samples."""
+
+    history: list[Turn] = field(default_factory=list)
+    first_turn: int | None = None
+    round: int = 0
+    parent: int | None = None
+
+    @property
+    def turn0(self) -> int:
+        return len(self.history) if self.first_turn is None else self.first_turn
+
+
+Starts = Mapping[tuple[str, int], Start]  # (task_id, traj) -> Start; absent: a fresh trajectory
+
+
+def turn_of(sample: Sample) -> Turn:
+    """The finished turn as later prompts see it (the reasoning is dropped)."""
+    return Turn(summary=sample.outcome.get("summary", ""), answer=sample.outcome.get("answer", ""),
+                feedback=sample.outcome.get("feedback", ""))
+
+
+@dataclass
 class EpisodeBatch:
     samples: list[Sample]
     stats: BatchStats
@@ -127,28 +157,27 @@ class _Episodes:
         self.params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                                      max_tokens=response_length_at(cfg, step))
 
-    async def trajectory(self, task: TaskRef, traj: int) -> None:
-        history: list[Turn] = []
+    async def trajectory(self, task: TaskRef, traj: int, start: Start | None = None) -> None:
+        start = start if start is not None else Start()
+        history: list[Turn] = list(start.history)
         try:
-            for turn in range(self.cfg.turns):
+            for turn in range(start.turn0, start.turn0 + self.cfg.turns):
                 prompt_ids, dropped = fit_prompt(self.tokenizer, self.env, task, history,
                                                  self.cfg.max_prompt_length)
                 if prompt_ids is None:
                     self.stats.ended_prompt_too_long += 1
                     return
                 self.stats.history_turns_dropped += dropped
-                sample = await self.turn(task, traj, turn, prompt_ids, dropped)
+                sample = await self.turn(task, traj, turn, prompt_ids, dropped, start)
                 if sample is None:
                     return
-                history.append(Turn(summary=sample.outcome.get("summary", ""),
-                                    answer=sample.outcome.get("answer", ""),
-                                    feedback=sample.outcome.get("feedback", "")))
+                history.append(turn_of(sample))
         except Exception as e:  # an environment bug ends this trajectory, not the batch
             if len(self.stats.failures) < 20:
                 self.stats.failures.append(f"{task.task_id}/{traj}: {type(e).__name__}: {e}")
 
     async def turn(self, task: TaskRef, traj: int, turn: int, prompt_ids: list[int],
-                   dropped: int) -> Sample | None:
+                   dropped: int, start: Start) -> Sample | None:
         """One generation + evaluation; returns the Sample, or None when the trajectory ends."""
         t_gen_start = time.time()
         try:
@@ -178,7 +207,8 @@ class _Episodes:
             policy_version=gen.version if gen.version >= 0 else self.version,
             response_text=text,
             outcome=dataclasses.asdict(outcome) if outcome is not None else {"error_kind": "pipeline_error"},
-            error=error, t_gen_start=t_gen_start, t_gen_end=t_gen_end, t_eval_end=time.time())
+            error=error, t_gen_start=t_gen_start, t_gen_end=t_gen_end, t_eval_end=time.time(),
+            round=start.round, parent=start.parent)
         sample.outcome["history_dropped"] = dropped
         await self.deliver(sample)
         return sample if error is None else None
@@ -202,13 +232,21 @@ class _Episodes:
 async def run_episodes(engine: Engine, tokenizer: Any, env: RewardEnv, tasks: list[TaskRef],
                        step: int, version: int, cfg: RolloutConfig,
                        on_sample: OnSample | None = None,
-                       stats: BatchStats | None = None) -> EpisodeBatch:
-    """Run one batch: ``cfg.n_trajectories`` trajectories of ``cfg.turns`` turns per task."""
+                       stats: BatchStats | None = None,
+                       starts: Starts | None = None) -> EpisodeBatch:
+    """Run one batch: ``cfg.n_trajectories`` trajectories of ``cfg.turns`` turns per task, each
+    from its entry in ``starts`` if it has one."""
+    starts = starts or {}
+    keys = {(task.task_id, traj) for task in tasks for traj in range(cfg.n_trajectories)}
+    unknown = sorted(set(starts) - keys)
+    if unknown:
+        raise ValueError(f"starts for trajectories not in this batch: {unknown[:5]} (expected "
+                         f"(task_id, traj) of the given tasks, traj < {cfg.n_trajectories})")
     stats = stats if stats is not None else BatchStats()
     stats.step, stats.t_start = step, time.time()
     stats.n_tasks, stats.n_trajectories = len(tasks), len(tasks) * cfg.n_trajectories
     episodes = _Episodes(engine, tokenizer, env, step, version, cfg, on_sample, stats)
-    await asyncio.gather(*[episodes.trajectory(task, traj)
+    await asyncio.gather(*[episodes.trajectory(task, traj, starts.get((task.task_id, traj)))
                            for task in tasks for traj in range(cfg.n_trajectories)])
     return EpisodeBatch(episodes.samples, stats)
 
@@ -216,7 +254,8 @@ async def run_episodes(engine: Engine, tokenizer: Any, env: RewardEnv, tasks: li
 async def stream_episodes(engine: Engine, tokenizer: Any, env: RewardEnv, tasks: list[TaskRef],
                           step: int, version: int, cfg: RolloutConfig,
                           stats: BatchStats | None = None,
-                          buffer: int | None = None) -> AsyncIterator[Sample]:
+                          buffer: int | None = None,
+                          starts: Starts | None = None) -> AsyncIterator[Sample]:
     """Samples as they are scored; at most ``buffer`` (default ``cfg.stream_buffer``) wait unread."""
     queue: asyncio.Queue = asyncio.Queue(maxsize=cfg.stream_buffer if buffer is None else buffer)
     done = object()
@@ -224,7 +263,7 @@ async def stream_episodes(engine: Engine, tokenizer: Any, env: RewardEnv, tasks:
     async def produce() -> None:
         try:
             await run_episodes(engine, tokenizer, env, tasks, step, version, cfg,
-                               on_sample=queue.put, stats=stats)
+                               on_sample=queue.put, stats=stats, starts=starts)
         finally:
             await queue.put(done)
 

@@ -26,6 +26,10 @@ class Sample:
     t_gen_end: float = 0.0
     t_eval_end: float = 0.0
     ret: float | None = None          # multi-turn return R_t, filled by the algorithm
+    # test-time search (pipeline.beam): the round this turn was generated in, and the trajectory
+    # of the previous round whose history it continued (None: it started fresh). 0/None in training.
+    round: int = 0
+    parent: int | None = None
 
     @property
     def truncated(self) -> bool:

@@ -6,9 +6,11 @@ holds one engine and one RewardEnv, both built inside the actor. ``env_spec`` is
 or ``rewards.env.KernelEnv``'s config), a ``"module:Class"`` / ``"module.Class"`` string, or a
 picklable zero-argument callable. Actor methods:
 
-* ``generate(step, tasks, version)``: a streaming generator: every ``Sample`` as soon as it is
-  scored, then one final :class:`~pipeline.rollout.BatchStats`. Backpressure: the caller
-  holds at most ``rollout.stream_buffer`` unread samples, then the worker's trajectories wait.
+* ``generate(step, tasks, version, starts=None)``: a streaming generator: every ``Sample`` as
+  soon as it is scored, then one final :class:`~pipeline.rollout.BatchStats`. ``starts``
+  (``(task_id, traj) -> rollout.Start``) continues those trajectories from a given history.
+  Backpressure: the caller holds at most ``rollout.stream_buffer`` unread samples, then the
+  worker's trajectories wait.
 * ``update_weights(payload, version)``: any payload of :mod:`pipeline.weight_sync` (object-store
   buckets, CUDA IPC handles, broadcast layout) or ``(name, tensor)`` pairs / a state dict; in
   place, between batches of the engine. ``join_weight_group(...)`` comes from the mixin.
@@ -20,6 +22,7 @@ per bundle of ``pool`` (a :class:`pipeline.pools.Pool`, i.e. anything with ``len
 worker) adds or overrides Ray options such as ``scheduling_strategy``. Then::
 
     async for sample in pool.generate(step, tasks, version): ...   # merged streams
+    async for sample in pool.generate(step, tasks, version, starts): ...  # continuing trajectories
     pool.last_stats                                                # BatchStats of that batch
     await pool.update_weights(payload, version)                    # every worker
     await pool.sleep(); await pool.wake(); await pool.stats(); pool.workers; pool.shutdown()
@@ -37,7 +40,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, AsyncIterator
 
-from pipeline.rollout import BatchStats, stream_episodes
+from pipeline.rollout import BatchStats, Starts, stream_episodes
 from pipeline.sample import Sample
 from pipeline.weight_sync import WeightReceiverMixin
 from rewards.interface import RewardEnv, TaskRef
@@ -96,10 +99,11 @@ class SamplerWorker(WeightReceiverMixin):
         self.last_stats = BatchStats()
         self.batches = 0
 
-    async def generate(self, step: int, tasks: list[TaskRef], version: int) -> AsyncIterator[Any]:
+    async def generate(self, step: int, tasks: list[TaskRef], version: int,
+                       starts: Starts | None = None) -> AsyncIterator[Any]:
         stats = BatchStats()
         async for sample in stream_episodes(self.engine, self.tokenizer, self.env, tasks, step,
-                                            version, self.cfg, stats=stats):
+                                            version, self.cfg, stats=stats, starts=starts):
             yield sample
         self.last_stats, self.batches = stats, self.batches + 1
         yield stats
@@ -178,12 +182,15 @@ class SamplerPool:
             parts[i % len(parts)].append(task)
         return parts
 
-    async def generate(self, step: int, tasks: list[TaskRef], version: int) -> AsyncIterator[Sample]:
+    async def generate(self, step: int, tasks: list[TaskRef], version: int,
+                       starts: Starts | None = None) -> AsyncIterator[Sample]:
         queue: asyncio.Queue = asyncio.Queue(maxsize=max(1, int(self.cfg.stream_buffer)))
         stats: list[BatchStats] = []
         done = object()
 
         async def drain(i: int, worker: Any, part: list[TaskRef]) -> None:
+            ids = {t.task_id for t in part}
+            part_starts = {k: v for k, v in (starts or {}).items() if k[0] in ids} or None
             # trajectories with a sample already handed on: after a restart their regenerated
             # samples are dropped (a trajectory never mixes two runs; no uid is delivered twice)
             delivered: set[tuple[str, int]] = set()
@@ -193,7 +200,7 @@ class SamplerPool:
                     try:
                         stream = worker.generate.options(
                             _generator_backpressure_num_objects=max(1, int(self.cfg.stream_buffer))
-                        ).remote(step, part, version)
+                        ).remote(step, part, version, part_starts)
                         discarded = 0
                         async for ref in stream:
                             item = await ref
