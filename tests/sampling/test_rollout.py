@@ -3,7 +3,7 @@ import asyncio
 import pytest
 
 from pipeline.engines.hf import HFEngine
-from pipeline.rollout import build_prompt, fit_prompt, run_episodes, stream_episodes
+from pipeline.rollout import Start, build_prompt, fit_prompt, run_episodes, stream_episodes
 from pipeline.rollout_config import max_response_length, response_length_at
 from rewards.interface import Turn
 from rewards.toy import ToyEnv
@@ -134,6 +134,31 @@ async def test_long_prompts_drop_old_turns_or_end_the_trajectory(engine, tiny):
     assert all(s.outcome["history_dropped"] >= 1 for s in batch.samples if s.turn > 0)
     batch = await run_episodes(engine, tok, env, [task], 0, 0, rollout_cfg(max_prompt_length=first - 1))
     assert batch.samples == [] and batch.stats.ended_prompt_too_long == 2
+
+
+async def test_a_start_continues_a_trajectory_from_its_history(engine, tiny):
+    """Test-time search: a trajectory opens on a given history, its turn ids go on from first_turn."""
+    _, _, tok = tiny
+    env = ToyEnv(n_tasks=1)
+    task = env.tasks("train")[0]
+    history = [Turn("wrote a", "aaa b", "Your previous answer scored 0.750 (share of 'a')."),
+               Turn("", "bb", "Your previous answer scored 0.000 (share of 'a').")]
+    start = Start(history, first_turn=4, round=2, parent=1)
+    batch = await run_episodes(engine, tok, env, [task], 0, 0, rollout_cfg(),
+                               starts={(task.task_id, 1): start})
+    cont = sorted((s for s in batch.samples if s.traj == 1), key=lambda s: s.turn)
+    fresh = sorted((s for s in batch.samples if s.traj == 0), key=lambda s: s.turn)
+    assert [s.turn for s in cont] == [4, 5] and [s.turn for s in fresh] == [0, 1]
+    assert cont[0].uid == f"0/{task.task_id}/1/4"
+    assert all((s.round, s.parent) == (2, 1) for s in cont)
+    assert all((s.round, s.parent) == (0, None) for s in fresh)
+    assert cont[0].prompt_ids == build_prompt(tok, env.messages(task, history))
+    assert history[0].feedback in tok.decode(cont[1].prompt_ids)
+    assert cont[0].outcome["feedback"] in tok.decode(cont[1].prompt_ids)
+    assert fresh[0].prompt_ids == build_prompt(tok, env.messages(task, []))
+    assert Start(history).turn0 == 2
+    with pytest.raises(ValueError, match="starts for trajectories not in this batch"):
+        await run_episodes(engine, tok, env, [task], 0, 0, rollout_cfg(), starts={("nope", 0): start})
 
 
 def test_response_length_schedule():

@@ -4,7 +4,9 @@ import asyncio
 import pytest
 
 from pipeline.models import build_tiny, load_model_config
+from pipeline.rollout import Start
 from pipeline.sample import Sample
+from rewards.interface import Turn
 from pipeline.sampler import SamplerPool, build_env
 from pipeline.weight_sync import ObjectStoreWeights
 from rewards.toy import ToyEnv
@@ -45,6 +47,20 @@ async def test_pool_streams_samples_from_every_worker(pool):
     assert [s["batches"] for s in stats] == [1.0, 1.0] and all(s["engine/requests"] > 0 for s in stats)
     info = await pool.ping()
     assert len({i["pid"] for i in info}) == 2
+
+
+async def test_starts_reach_the_worker_holding_their_task(pool):
+    tasks = await pool.tasks("train")
+    history = [Turn("", "ab", "Your previous answer scored 0.500 (share of 'a').")]
+    starts = {(t.task_id, 2): Start(history, first_turn=3, round=1, parent=0) for t in tasks}
+    samples = [s async for s in pool.generate(0, tasks, 0, starts)]
+    assert len(samples) == 27 and len({s.uid for s in samples}) == 27
+    for t in tasks:  # tasks 0 and 2 on worker 0, task 1 on worker 1
+        cont = sorted(s.turn for s in samples if (s.task_id, s.traj) == (t.task_id, 2))
+        assert cont == [3, 4, 5]
+        assert all(s.round == 1 and s.parent == 0 for s in samples
+                   if (s.task_id, s.traj) == (t.task_id, 2))
+        assert sorted(s.turn for s in samples if (s.task_id, s.traj) == (t.task_id, 0)) == [0, 1, 2]
 
 
 async def test_update_weights_changes_outputs_on_every_worker(pool):
