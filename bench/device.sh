@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The H200 runs behind docs/performance.md, one part per device call (each part < 10 min):
-#   bash bench/device.sh compile   # sandbox selfcheck (cuda), bench.sandbox, bench.reward_streaming
-#   bash bench/device.sh gpu       # bench.trainer, bench.weight_sync, bench.sampler (hf), bench.pipeline
+#   bash bench/device.sh compile   # sandbox selfcheck (cuda), bench.cuda_build, bench.sandbox
+#   bash bench/device.sh gpu       # bench.trainer, bench.weight_sync, bench.pipeline (one GPU)
+#   bash bench/device.sh stream    # bench.reward_streaming (cuda), bench.sampler (hf)
 #   bash bench/device.sh vllm      # bench.sampler with the vLLM engine (after .vbundle is installed)
 # Needs .devpkgs installed into /tmp/site (bash .devpkgs/install.sh), built on the CPU machine with
 #   EXTRA="verl==0.9.1 codetiming tensordict==0.10.0 pyvers torchdata==0.11.0 pylatexenc dill orjson" \
@@ -9,7 +10,7 @@
 # (orjson: verl.utils.tracking imports it; the 2026-12-02 run lacked it and the trainer could not start). Every bench has its own time
 # limit, so one that hangs costs only its share; results are re-packed into $OUT after each.
 set -u
-part=${1:?usage: bench/device.sh compile|gpu|vllm}
+part=${1:?usage: bench/device.sh compile|gpu|stream|vllm}
 out=${OUT:-/tmp/bench_out}
 res=/tmp/bench_res/$part
 mkdir -p "$res" "$out"
@@ -38,23 +39,26 @@ pipeline.main, sandbox.pool, rewards.env; print('imports ok', ray.__version__)" 
 case $part in
 compile)
   step selfcheck 150 $py -m sandbox.selfcheck --backend cuda --out "$res/selfcheck"
+  step cuda_build 150 $py -m bench.cuda_build --modes torch,narrow --jobs 4 --out "$res/cuda_build_h200.json"
   step sandbox 230 $py -m bench.sandbox --backend cuda --prime 2 --distinct 16 --max-concurrent 16 \
        --compile-workers 8 --max-jobs 2 --out "$res/sandbox_cuda.json"
-  step reward_streaming 150 $py -m bench.reward_streaming --backend cuda --compiled 12 --cheap 12 \
-       --gen-seconds 20 --max-concurrent 16 --compile-workers 14 --out "$res/reward_streaming_cuda.json"
   ;;
 gpu)
-  step trainer 200 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer --preset qwen0.5b --rows 64 --min-len 256 --max-len 4096 \
-       --token-budget 8192 --steps 2 --rl-step --rl-budgets 8192,32768 --rl-chunks 1024 --prompt-len 512 \
-       --out "$res/trainer_h200.json"
-  step weight_sync 100 $py -m bench.weight_sync --preset qwen0.5b-untied --transports cuda_ipc,object_store \
+  step trainer 200 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer --preset qwen0.5b \
+       --rows 64 --min-len 256 --max-len 4096 --token-budget 8192 --steps 2 --rl-step --rl-budgets 8192,32768 \
+       --rl-chunks 1024 --prompt-len 512 --out "$res/trainer_h200.json"
+  step weight_sync 100 $py -m bench.weight_sync --preset qwen0.5b --transports cuda_ipc,object_store \
        --pushes 4 --out "$res/weight_sync_h200.json"
-  step pipeline 200 $py -m bench.pipeline --steps 3 --run-root /tmp/bench_runs --out "$res/pipeline_h200.json" -- \
+  step pipeline 250 $py -m bench.pipeline --steps 3 --run-root /tmp/bench_runs --out "$res/pipeline_h200.json" -- \
        +experiment=toy resources=one_gpu model.dtype=bfloat16 model.tiny.vocab_size=151936 \
        model.tiny.hidden_size=896 model.tiny.intermediate_size=4864 model.tiny.num_hidden_layers=24 \
-       model.tiny.num_attention_heads=14 model.tiny.num_key_value_heads=2 model.tiny.tie_word_embeddings=false \
+       model.tiny.num_attention_heads=14 model.tiny.num_key_value_heads=2 model.tiny.tie_word_embeddings=true \
        rollout.n_trajectories=8 rollout.max_response_length=256 pipeline.tasks_per_batch=4
-  step sampler_hf 80 $py -m bench.sampler --engine hf --preset qwen0.5b --dtype bfloat16 --tasks 4 \
+  ;;
+stream)
+  step reward_streaming 200 $py -m bench.reward_streaming --backend cuda --compiled 12 --cheap 12 \
+       --gen-seconds 20 --max-concurrent 16 --compile-workers 8 --out "$res/reward_streaming_cuda.json"
+  step sampler_hf 150 $py -m bench.sampler --engine hf --preset qwen0.5b --dtype bfloat16 --tasks 4 \
        --trajectories 8 --max-tokens 128 --repeats 2 --out "$res/sampler_hf_h200.json"
   ;;
 vllm)

@@ -150,6 +150,8 @@ def install_build_hooks(build_dir: str, pch_root: str | None, wanted: list[list[
             try:
                 module = original(**narrow)
             except Exception:  # noqa: BLE001 - whatever the narrow header lacked: build as written
+                if _cuda_object_built(narrow):
+                    raise  # the .cu compiled: the header is not what failed (main.cpp, the link)
                 # under its own name: its own build dir and version counter, in this process and the next
                 decision = {**decision, "narrow_cuda_header": None, "build_name": name + FULL_HEADER_SUFFIX}
                 build["name"] = decision["build_name"]
@@ -172,6 +174,14 @@ def _pch_for(call: dict[str, Any], pch_root: str | None, wanted: list[list[str]]
         return str(candidate)
     wanted.append(extra)
     return None
+
+
+def _cuda_object_built(call: dict[str, Any]) -> bool:
+    """Did nvcc produce cuda.cuda.o in this call's build dir? Unsure counts as no (retry)."""
+    root = call.get("build_directory") or (
+        os.path.join(os.environ["TORCH_EXTENSIONS_DIR"], str(call["name"])) if os.environ.get("TORCH_EXTENSIONS_DIR")
+        else None)
+    return bool(root) and (Path(root) / "cuda.cuda.o").is_file()
 
 
 def _is_cuda_call(call: dict[str, Any]) -> bool:

@@ -73,6 +73,23 @@ def test_a_build_the_narrow_header_cannot_satisfy_is_built_as_written_under_its_
     assert len(calls) == n + 1 and calls[-1] == calls[n - 1]  # straight to the full-header build
 
 
+def test_a_failure_after_the_cu_compiled_is_not_retried(recorder, dirs, monkeypatch):
+    """A link or main.cpp error is the answer's, not the narrow header's: one build, its error."""
+    calls, fail_when = recorder
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(dirs / "ext"))
+
+    def link_fails(call):
+        obj = dirs / "ext" / call["name"] / "cuda.cuda.o"
+        obj.parent.mkdir(parents=True, exist_ok=True)
+        obj.write_bytes(b"\x7fELF")  # nvcc's object is there; the link is what failed
+        return True
+
+    fail_when.append(link_fails)
+    with pytest.raises(RuntimeError, match="'ext'"):
+        _hooked(dirs)("ext", "", cuda_sources=CU)
+    assert len(calls) == 1
+
+
 def test_a_genuine_error_is_the_real_headers_error(recorder, dirs):
     calls, fail_when = recorder
     fail_when.append(lambda c: True)
