@@ -133,7 +133,8 @@ def beam_metrics(samples: list[Sample], beam: BeamConfig, ks: Iterable[int],
     """Per budget b: ``eval/beam/<m>/budget_<b>`` for each of eval_metrics.summarize's metrics
     over the ``width`` trajectories of that round (one attempt each: its lineage's fastest
     correct kernel; ``best_speedup`` is the mean over tasks of the best speedup, 0 where nothing
-    is correct, ``best_correct`` the share of tasks solved), and ``median_best_speedup``."""
+    is correct, ``best_correct`` the share of tasks solved), ``median_best_speedup``, and
+    ``best_score`` (mean over tasks of the top turn score in any lineage)."""
     bests = lineage_bests(samples)
     tasks = sorted({s.task_id for s in samples})
     out: dict[str, float] = {}
@@ -150,6 +151,10 @@ def beam_metrics(samples: list[Sample], beam: BeamConfig, ks: Iterable[int],
         per_task = [max((s or 0.0) for t, _, s in rows if t == task) for task in tasks]
         out[f"eval/beam/median_best_speedup/budget_{budget}"] = (
             float(statistics.median(per_task)) if per_task else 0.0)
+        top_scores = [max(bests.get((task, rnd, j), Best()).score for j in range(beam.width))
+                      for task in tasks]
+        out[f"eval/beam/best_score/budget_{budget}"] = (
+            float(statistics.mean(top_scores)) if top_scores else 0.0)
     out["eval/samples"] = float(len(samples))
     return out
 

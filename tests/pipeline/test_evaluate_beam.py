@@ -81,6 +81,7 @@ def test_per_budget_metrics_take_each_lineage_best():
     assert m["eval/beam/pass@1/budget_2"] == pytest.approx((1.0 + 1.0 + 0) / 3)  # both inherit
     assert m["eval/beam/avg_speedup/budget_2"] == pytest.approx(((2.0 + 5.0) / 2 + 0.5) / 3)
     assert m["eval/beam/fast_1/budget_1"] == pytest.approx(1 / 3)
+    assert m["eval/beam/best_score/budget_2"] == pytest.approx(2 / 3)
     assert m["eval/beam/tasks"] == 3 and m["eval/beam/attempts_per_task"] == 2
     assert m["eval/samples"] == 12
 
@@ -131,4 +132,6 @@ def test_beam_search_cli_on_toy_holdout(ray_local, tmp_path):
             assert f"eval/beam/{key}/budget_{budget}" in metrics, (key, budget)
     # the best trajectory is always kept: what was solved by turn 2 stays solved by turn 4
     assert metrics["eval/beam/best_correct/budget_4"] >= metrics["eval/beam/best_correct/budget_2"]
+    # ToyEnv has no speedups (correct = score > 0): the ranking falls to the score, the top one stays
+    assert metrics["eval/beam/best_score/budget_4"] >= metrics["eval/beam/best_score/budget_2"] > 0
     assert metrics["eval/beam/pass@1/budget_2"] <= metrics["eval/beam/pass@4/budget_2"] <= 1.0
