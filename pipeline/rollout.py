@@ -20,7 +20,7 @@ API::
     batch = await run_episodes(engine, tokenizer, env, tasks, step, version, cfg, on_sample=cb)
     batch.samples, batch.stats.metrics()
     async for sample in stream_episodes(engine, tokenizer, env, tasks, step, version, cfg): ...
-    await run_episodes(..., starts={("toy/holdout/0", 0): Start(history, first_turn=4, round=1, parent=2)})
+    await run_episodes(..., starts={(task_id, 0): Start(history, first_turn=4, round=1, parent=2)})
 """
 from __future__ import annotations
 
