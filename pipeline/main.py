@@ -155,10 +155,31 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, float]:
         if session.start_step >= conf.pipeline.steps:
             print(f"[pipeline] {run_dir} already holds all {conf.pipeline.steps} steps", file=sys.stderr)
             return {}
-        history = asyncio.run(session.loop.run())
+        try:
+            history = asyncio.run(session.loop.run())
+        except Exception as e:
+            if _is_lost_actor(e):
+                print(lost_actor_message(e, run_dir, conf), file=sys.stderr, flush=True)
+            raise
         return history[-1] if history else {}
     finally:
         session.close()
+
+
+def _is_lost_actor(e: BaseException) -> bool:
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+    return isinstance(e, (ActorDiedError, ActorUnavailableError, RayActorError))
+
+
+def lost_actor_message(e: BaseException, run_dir: Path, conf: Any) -> str:
+    """What to do when an actor the loop cannot replace (a trainer rank) is gone."""
+    last = checkpoint.latest(run_dir / conf.checkpoint.dir)
+    where = (f"the last checkpoint is {last}" if last else
+             f"there is no checkpoint yet (checkpoint.every={conf.checkpoint.every})")
+    return (f"[pipeline] a Ray actor the loop cannot replace was lost ({type(e).__name__}); the run "
+            f"stops here and {where}. Continue with the same command plus resume=auto "
+            f"hydra.run.dir={run_dir}.")
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
