@@ -3,9 +3,10 @@
 Most of a cold ``load_inline`` is g++ parsing torch/extension.h. A precompiled header (PCH) of it,
 built once per set of ``extra_cflags`` by the trusted pool (never inside a sandbox, so no candidate
 can plant one), cuts that. Inside the sandbox, :func:`install_build_hooks` wraps ``load_inline``:
-when a PCH for the call's flags exists, its directory is put first on the include path (g++ then
-takes ``torch/extension.h.gch`` in place of the header). The candidate's source and flags are
-unchanged, so the built module is the same.
+when a PCH for the call's flags exists, its directory goes first on g++'s include path (as an
+``-I`` in ``extra_cflags``, which nvcc never sees; g++ then takes ``torch/extension.h.gch`` in
+place of the header, and :data:`PCH_FORWARDER` serves any later include of it). The candidate's
+source and flags are otherwise unchanged, so the built module is the same.
 
 nvcc has no PCH, and a ``.cu`` that includes torch/extension.h pays for its whole parse three times
 (cudafe++, cicc, host g++). torch already puts ``#include <torch/types.h>`` at the top of every
@@ -35,6 +36,11 @@ from pathlib import Path
 from typing import Any
 
 PCH_HEADER = "torch/extension.h"
+# Next to the .gch: g++ takes the PCH for the first #include only, and torch's main.cpp includes
+# torch/extension.h a second time whenever the answer's cpp_sources do (KernelBench answers do).
+# That second #include must find a real file in the PCH dir or the build fails; this one defers to
+# the real header, whose #pragma once the PCH carries, so it adds nothing.
+PCH_FORWARDER = "#pragma once\n#include_next <torch/extension.h>\n"
 NARROW_EXTENSION_H = """\
 // sandbox/build.py: what nvcc sees for torch/extension.h. torch/types.h, which load_inline already
 // includes, is all device code needs; a build this header cannot satisfy is redone with the real one.
@@ -86,8 +92,9 @@ def build_pch(pch_root: str | Path, extra_cflags: list[str], timeout_s: float = 
     from torch.utils import cpp_extension
 
     final = Path(pch_root) / pch_key(extra_cflags)
-    if (final / (PCH_HEADER + ".gch")).exists():
+    if _pch_complete(final):
         return final
+    Path(pch_root).mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=pch_root, prefix=".building-"))
     out = tmp / (PCH_HEADER + ".gch")
     out.parent.mkdir(parents=True)
@@ -95,7 +102,10 @@ def build_pch(pch_root: str | Path, extra_cflags: list[str], timeout_s: float = 
     cmd = [_compiler(), "-x", "c++-header", str(header), "-o", str(out)] + pch_cflags(extra_cflags)
     try:
         subprocess.run(cmd, check=True, capture_output=True, timeout=timeout_s)
+        (tmp / PCH_HEADER).write_text(PCH_FORWARDER)
         (tmp / "pch.json").write_text(json.dumps({"extra_cflags": extra_cflags, "cmd": cmd, "built": time.time()}))
+        if final.exists() and not _pch_complete(final):
+            shutil.rmtree(final, ignore_errors=True)  # built before the forwarder existed
         try:
             tmp.rename(final)
         except OSError:  # another builder won the race
@@ -104,6 +114,10 @@ def build_pch(pch_root: str | Path, extra_cflags: list[str], timeout_s: float = 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def _pch_complete(pch_dir: Path) -> bool:
+    return (pch_dir / (PCH_HEADER + ".gch")).is_file() and (pch_dir / PCH_HEADER).is_file()
 
 
 def write_narrow_header(root: str | Path) -> Path:
@@ -143,7 +157,8 @@ def install_build_hooks(build_dir: str, pch_root: str | None, wanted: list[list[
                         "narrow_cuda_header": narrow_header_dir if _narrow_header_applies(call, narrow_header_dir) else None}
         build = dict(call, name=decision.get("build_name", name))
         if decision.get("pch_dir"):
-            build["extra_include_paths"] = [decision["pch_dir"]] + list(call.get("extra_include_paths") or [])
+            # through extra_cflags: g++ (main.cpp) only; nvcc never sees the PCH dir
+            build["extra_cflags"] = [f"-I{decision['pch_dir']}"] + list(call.get("extra_cflags") or [])
         if decision.get("narrow_cuda_header"):
             narrow = dict(build, extra_cuda_cflags=[f"-I{decision['narrow_cuda_header']}"]
                           + list(call.get("extra_cuda_cflags") or []))
@@ -170,7 +185,7 @@ def _pch_for(call: dict[str, Any], pch_root: str | None, wanted: list[list[str]]
         return None
     extra = [str(f) for f in (call.get("extra_cflags") or [])]
     candidate = Path(pch_root) / pch_key(extra)
-    if (candidate / (PCH_HEADER + ".gch")).exists():
+    if _pch_complete(candidate):
         return str(candidate)
     wanted.append(extra)
     return None
