@@ -52,10 +52,16 @@ _NEEDS_FULL_HEADER = ("PYBIND11", "pybind11", "py::", "torch::nn", "torch::optim
 FULL_HEADER_SUFFIX = "_fullhdr"
 
 
+# Part of every build key: bumped whenever how a build is made changes, so a persistent cache never
+# serves a verdict of the old recipe (2: PCH forwarder and narrow CUDA header; 1 cached
+# compile_errors of answers that build).
+BUILD_RECIPE = "2"
+
+
 def build_key(candidate_src: str, backend: str, arch: str, torch_version: str) -> str:
     """Content address of a candidate's build."""
     h = hashlib.sha256()
-    for part in (candidate_src, backend, arch, torch_version, sys.version):
+    for part in (candidate_src, backend, arch, torch_version, sys.version, BUILD_RECIPE):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:32]
