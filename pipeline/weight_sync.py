@@ -16,6 +16,7 @@ any payload into ``(name, tensor)`` pairs for ``Engine.load_weights``; a sampler
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -273,36 +274,29 @@ class WeightSync:
         self.timeout_s = timeout_s
         self.last_s = 0.0
         self._group_restarts = -1  # the sampler pool's restart count when the group was formed
-        if transport == "broadcast":  # at construction, which may be outside any event loop
-            import ray
+        if transport == "broadcast":
+            self._form_group()
 
-            host, port = ray.get(trainer.workers[0].address.remote())
-            world = 1 + len(samplers.workers)
-            joins = [w.join_weight_group.remote(host, port, 1 + i, world, timeout_s)
-                     for i, w in enumerate(samplers.workers)]
-            trainer.run_all("broadcast_init", host, port, world, timeout_s)
-            ray.get(joins)
-            self._group_restarts = getattr(samplers, "restarts", 0)
-
-    async def _form_group(self) -> None:
-        """A weight group of trainer rank 0 and every sampler worker, on a fresh port.
+    def _form_group(self) -> None:
+        """A weight group of trainer rank 0 and every sampler worker, on a fresh port (blocking).
 
         Formed again whenever the pool has replaced a worker since: the replacement is not in the
         old group, whose world size still counts the lost one, so a broadcast there would hang.
         """
-        host, port = await self.trainer.workers[0].address.remote()
+        import ray
+
+        host, port = ray.get(self.trainer.workers[0].address.remote())
         world = 1 + len(self.samplers.workers)
         joins = [w.join_weight_group.remote(host, port, 1 + i, world, self.timeout_s)
                  for i, w in enumerate(self.samplers.workers)]
-        await _gather(self.trainer.workers, "run", "broadcast_init", host, port, world, self.timeout_s)
-        for join in joins:
-            await join
+        self.trainer.run_all("broadcast_init", host, port, world, self.timeout_s)
+        ray.get(joins)
         self._group_restarts = getattr(self.samplers, "restarts", 0)
 
     async def push(self, version: int) -> float:
         t0 = time.perf_counter()
         if self.transport == "broadcast" and getattr(self.samplers, "restarts", 0) != self._group_restarts:
-            await self._form_group()
+            await asyncio.to_thread(self._form_group)
         if self.transport == "object_store":
             refs = await _gather(self.trainer.workers, "export_to_object_store")
             await self.samplers.update_weights(ObjectStoreWeights(version, refs[0]), version)
@@ -324,6 +318,4 @@ class WeightSync:
 
 
 async def _gather(actors: list[Any], method: str, *args: Any) -> list[Any]:
-    import asyncio
-
     return list(await asyncio.gather(*[getattr(a, method).remote(*args) for a in actors]))
