@@ -167,9 +167,9 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, float]:
 
 
 def _is_lost_actor(e: BaseException) -> bool:
-    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+    from ray.exceptions import RayActorError  # ActorDiedError and ActorUnavailableError among them
 
-    return isinstance(e, (ActorDiedError, ActorUnavailableError, RayActorError))
+    return isinstance(e, RayActorError)
 
 
 def lost_actor_message(e: BaseException, run_dir: Path, conf: Any) -> str:
