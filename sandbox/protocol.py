@@ -165,13 +165,11 @@ def _mallopt(param: int, value: int) -> bool:
 def poison_memory(nbytes: int, device: str) -> None:
     """Fill and free ``nbytes`` with NaN: an output left unwritten reads as NaN, not as a stale answer.
 
-    On the host, :func:`poison_host_allocations` is what makes this hold; the fill covers allocators
-    that ignore it.
+    On the host, :func:`poison_host_allocations` is what makes this hold; the fill is only for an
+    allocator that does not take it (not glibc).
     """
-    if nbytes <= 0:
+    if nbytes <= 0 or (device == "cpu" and poison_host_allocations(True)):
         return
-    if device == "cpu":
-        poison_host_allocations(True)
     for chunk in _chunks(nbytes, 16 * 1024 * 1024 if device == "cpu" else nbytes):
         buf = torch.empty(max(chunk // 4, 1), dtype=torch.float32, device=device)
         buf.fill_(float("nan"))
