@@ -185,10 +185,14 @@ def rl_step(args: Any, arch: dict[str, Any], lengths: list[int], device: torch.d
     padded = int(batch.input_ids.numel())
     achieved = flops / t / 1e12
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
-    return {"layout": f"rl_step (project trainer, budget {budget}, logprob chunk {chunk or 'off'})", "step_s": t, "tokens_per_s": sum(lens) / t,
+    return {"layout": rl_label(budget, chunk), "step_s": t, "tokens_per_s": sum(lens) / t,
             "TFLOP/s": achieved, "mfu_vs_peak": achieved / args.peak_tflops if device.type == "cuda" else None,
             "micro_batches": sum(len(m) for m in plan.ranks[0].mini_batches), "computed_tokens": padded,
             "rows": n_rows, "peak_mem_gib": peak}
+
+
+def rl_label(budget: int, chunk: int) -> str:
+    return f"rl_step (project trainer, budget {budget}, logprob chunk {chunk or 'off'})"
 
 
 def main() -> None:
@@ -272,12 +276,11 @@ def main() -> None:
                 try:
                     rows.append(rl_step(args, arch, lengths, device, budget, chunk))
                 except Exception as e:  # the rows before are still worth reporting; the error is shown
-                    rows.append({"layout": f"rl_step (project trainer, budget {budget}, logprob chunk {chunk})",
-                                 "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                    rows.append({"layout": rl_label(budget, chunk), "error": f"{type(e).__name__}: {str(e)[:300]}"})
                     if dist.is_initialized():
                         dist.destroy_process_group()
                 progress("trainer", rows[-1])
-    best = max((r["mfu_vs_peak"] or 0.0) for r in rows)
+    best = max((r.get("mfu_vs_peak") or 0.0) for r in rows)  # an error row has none
     extra = {"matmul_params": n_mm, "params": n_params,
              "real_tokens_per_step": real_tokens, "padded_tokens_per_step": padded_tokens,
              "padding_waste": 1 - real_tokens / padded_tokens, "flops_per_step": flops,
