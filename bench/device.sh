@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 runs behind docs/performance.md, one part per device call (each part < 10 min):
-#   bash bench/device.sh compile   # sandbox selfcheck (cuda), bench.cuda_build, bench.sandbox
+#   bash bench/device.sh compile   # bench.cuda_isolation, sandbox selfcheck (cuda), bench.sandbox, bench.cuda_build
 #   bash bench/device.sh gpu       # bench.trainer, bench.weight_sync, bench.pipeline (one GPU)
 #   bash bench/device.sh stream    # bench.reward_streaming (cuda), bench.sampler (hf)
 #   bash bench/device.sh vllm      # bench.sampler with the vLLM engine (after .vbundle is installed)
@@ -38,27 +38,38 @@ pipeline.main, sandbox.pool, rewards.env; print('imports ok', ray.__version__)" 
 
 case $part in
 compile)
-  step selfcheck 150 $py -m sandbox.selfcheck --backend cuda --out "$res/selfcheck"
-  step cuda_build 150 $py -m bench.cuda_build --modes torch,narrow --jobs 4 --out "$res/cuda_build_h200.json"
-  step sandbox 230 $py -m bench.sandbox --backend cuda --prime 2 --distinct 16 --max-concurrent 16 \
-       --compile-workers 8 --max-jobs 2 --out "$res/sandbox_cuda.json"
+  step cuda_isolation 90 $py -m bench.cuda_isolation --out "$res/cuda_isolation.json"
+  # The probe can drop every namespace and Landlock, never the rlimits or the scrubbed environment:
+  # if CUDA fails under those alone, no sandboxed GPU run can work; save the device time.
+  if $py -c "import json,sys; r={x['row']: x['cuda_ok'] for x in json.load(open('$res/cuda_isolation.json'))['rows']}; sys.exit(0 if r.get('rlimits') else 1)"; then
+    step selfcheck 150 $py -m sandbox.selfcheck --backend cuda --out "$res/selfcheck"
+    step sandbox 200 $py -m bench.sandbox --backend cuda --prime 2 --distinct 16 --max-concurrent 16 \
+         --compile-workers 8 --max-jobs 2 --out "$res/sandbox_cuda.json"
+  else
+    echo "=== CUDA fails under the rlimits/environment alone: selfcheck and bench.sandbox skipped"
+  fi
+  step cuda_build 120 $py -m bench.cuda_build --modes torch,narrow --jobs 4 --out "$res/cuda_build_h200.json"
   ;;
 gpu)
-  step trainer 200 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer --preset qwen0.5b \
+  step trainer 180 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer --preset qwen0.5b \
        --rows 64 --min-len 256 --max-len 4096 --token-budget 8192 --steps 2 --rl-step --rl-budgets 8192,32768 \
-       --rl-chunks 1024 --prompt-len 512 --out "$res/trainer_h200.json"
-  step weight_sync 100 $py -m bench.weight_sync --preset qwen0.5b --transports cuda_ipc,object_store \
+       --rl-chunks 1024 --prompt-len 512 --profile "$res/trainer_profile.txt" --out "$res/trainer_h200.json"
+  step weight_sync 80 $py -m bench.weight_sync --preset qwen0.5b --transports cuda_ipc,object_store \
        --pushes 4 --out "$res/weight_sync_h200.json"
-  step pipeline 250 $py -m bench.pipeline --steps 3 --run-root /tmp/bench_runs --out "$res/pipeline_h200.json" -- \
+  step pipeline 220 $py -m bench.pipeline --steps 3 --run-root /tmp/bench_runs --out "$res/pipeline_h200.json" -- \
        +experiment=toy resources=one_gpu model.dtype=bfloat16 model.tiny.vocab_size=151936 \
        model.tiny.hidden_size=896 model.tiny.intermediate_size=4864 model.tiny.num_hidden_layers=24 \
        model.tiny.num_attention_heads=14 model.tiny.num_key_value_heads=2 model.tiny.tie_word_embeddings=true \
        rollout.n_trajectories=8 rollout.max_response_length=256 pipeline.tasks_per_batch=4
+  # packed rows through flex_attention's block mask instead of sdpa's dense one (compiles first)
+  step trainer_flex 100 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer --preset qwen0.5b \
+       --rows 64 --min-len 256 --max-len 4096 --token-budget 8192 --steps 2 --attn flex_attention \
+       --layouts packed,padded --out "$res/trainer_flex_h200.json"
   ;;
 stream)
-  step reward_streaming 200 $py -m bench.reward_streaming --backend cuda --compiled 12 --cheap 12 \
+  step reward_streaming 180 $py -m bench.reward_streaming --backend cuda --compiled 12 --cheap 12 \
        --gen-seconds 20 --max-concurrent 16 --compile-workers 8 --out "$res/reward_streaming_cuda.json"
-  step sampler_hf 150 $py -m bench.sampler --engine hf --preset qwen0.5b --dtype bfloat16 --tasks 4 \
+  step sampler_hf 120 $py -m bench.sampler --engine hf --preset qwen0.5b --dtype bfloat16 --tasks 4 \
        --trajectories 8 --max-tokens 128 --repeats 2 --out "$res/sampler_hf_h200.json"
   ;;
 vllm)

@@ -112,6 +112,30 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+def profile_step(model: torch.nn.Module, opt: torch.optim.Optimizer, micro: list[dict[str, torch.Tensor]],
+                 device: torch.device, path: str) -> None:
+    """One step under torch.profiler: is the step bound by the GPU's kernels or by the host
+    (launches, syncs, FSDP bookkeeping)? Writes the top of the kernel table and the busy share."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync(device)
+    t0 = time.perf_counter()
+    with profile(activities=acts) as prof:
+        step(model, opt, micro)
+        sync(device)
+    wall = time.perf_counter() - t0
+    events = prof.key_averages()
+    gpu_us = sum(e.self_device_time_total for e in events) if device.type == "cuda" else 0.0
+    sort = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    text = (f"profiled step wall {wall:.3f} s (profiler on), GPU kernel time {gpu_us / 1e6:.3f} s "
+            f"({gpu_us / 1e6 / wall:.0%} busy)\n" + events.table(sort_by=sort, row_limit=25, max_name_column_width=70))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    print(text[:2500], flush=True)
+
+
 def matmul_tflops(device: torch.device, n: int = 8192, reps: int = 10) -> float | None:
     if device.type != "cuda":
         return None
@@ -212,6 +236,8 @@ def main() -> None:
     p.add_argument("--rl-budgets", default="", help="micro-batch token budgets of the rl steps (default --token-budget)")
     p.add_argument("--rl-chunks", default="1024", help="logprob_chunk_tokens of the rl steps (0: full logits)")
     p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--profile", default="", help="write a torch.profiler summary of one step of the first "
+                   "layout to this file (GPU busy time against wall time, the top kernels)")
     args = p.parse_args()
 
     import torch.distributed as dist
@@ -252,6 +278,8 @@ def main() -> None:
             sync(device)
             times.append(time.perf_counter() - t0)
         t = sorted(times)[len(times) // 2]
+        if args.profile and not rows:
+            profile_step(model, opt, micro, device, args.profile)
         achieved = flops / t / 1e12
         row = {"layout": f"{name} (bench loop)", "step_s": t, "tokens_per_s": real_tokens / t, "TFLOP/s": achieved,
                "mfu_vs_peak": achieved / args.peak_tflops if device.type == "cuda" else None,
