@@ -33,6 +33,15 @@ ROWS = {
     "landlock_fs": ["env", "landlock"],
     "landlock_fs+scope": ["env", "landlock", "scope"],
     "full (as the worker)": ["env", "rlimits", "netns", "pidns", "mountns", "private_proc", "landlock", "scope"],
+    # where under Landlock does the driver need to write? (each adds one tree with every write right)
+    "landlock_fs+w:/dev": ["env", "landlock", "w:/dev"],
+    "landlock_fs+w:/dev/nvidia-caps": ["env", "landlock", "w:/dev/nvidia-caps"],
+    "landlock_fs+w:/proc": ["env", "landlock", "w:/proc"],
+    "landlock_fs+w:/sys": ["env", "landlock", "w:/sys"],
+    "landlock_fs+w:/tmp": ["env", "landlock", "w:/tmp"],
+    "landlock_fs+w:/": ["env", "landlock", "w:/"],
+    # a second process initialises CUDA while another one holds a context (the harness after its candidate)
+    "second_context": ["env", "second_ctx"],
 }
 
 
@@ -53,8 +62,26 @@ def child(measures: list[str], workdir: str) -> None:
     if "private_proc" in measures and {"pidns", "mountns"} <= set(applied):
         applied += isolation.mount_private_proc()
     if "landlock" in measures:
-        applied += isolation.restrict_writes([workdir, "/dev/shm"], ["/dev"], block_tcp=True,
+        extra = [m[2:] for m in measures if m.startswith("w:")]
+        applied += isolation.restrict_writes([workdir, "/dev/shm", *extra], ["/dev"], block_tcp=True,
                                              scope="scope" in measures)
+    if "second_ctx" in measures:
+        holder_r, holder_w = os.pipe()
+        if os.fork() == 0:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            try:
+                import torch
+                torch.ones(1, device="cuda")
+                torch.cuda.synchronize()
+                os.write(holder_w, b"1")
+                time.sleep(20)
+            finally:
+                os.write(holder_w, b"0")
+                os._exit(0)
+        if os.read(holder_r, 1) == b"1":
+            applied.append("second_ctx")
     t0 = time.monotonic()
     try:
         exec(compile(CUDA_PROBE_SRC, "<probe>", "exec"), {})

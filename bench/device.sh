@@ -10,7 +10,7 @@
 # (orjson: verl.utils.tracking imports it; the 2026-12-02 run lacked it and the trainer could not start). Every bench has its own time
 # limit, so one that hangs costs only its share; results are re-packed into $OUT after each.
 set -u
-part=${1:?usage: bench/device.sh compile|gpu|stream|vllm}
+part=${1:?usage: bench/device.sh compile|gpu|stream|recheck|vllm}
 out=${OUT:-/tmp/bench_out}
 res=/tmp/bench_res/$part
 mkdir -p "$res" "$out"
@@ -71,6 +71,21 @@ stream)
        --gen-seconds 20 --max-concurrent 16 --compile-workers 8 --out "$res/reward_streaming_cuda.json"
   step sampler_hf 120 $py -m bench.sampler --engine hf --preset qwen0.5b --dtype bfloat16 --tasks 4 \
        --trajectories 8 --max-tokens 128 --repeats 2 --out "$res/sampler_hf_h200.json"
+  ;;
+recheck)  # the 2026-12-03 follow-up: Landlock variants (+ strace where present), the pipeline at 8 steps
+  step cuda_isolation 90 $py -m bench.cuda_isolation --out "$res/cuda_isolation.json"
+  if command -v strace >/dev/null; then
+    d=$(mktemp -d)
+    step strace 40 strace -f -e trace=%file,%desc -o "$res/strace.txt" $py -m bench.cuda_isolation --child landlock "$d"
+    grep -E 'EACCES|EPERM|EROFS' "$res/strace.txt" | head -20
+  else
+    echo "no strace on this machine"
+  fi
+  step pipeline 250 $py -m bench.pipeline --steps 8 --run-root /tmp/bench_runs --out "$res/pipeline_h200_8steps.json" -- \
+       +experiment=toy resources=one_gpu model.dtype=bfloat16 model.tiny.vocab_size=151936 \
+       model.tiny.hidden_size=896 model.tiny.intermediate_size=4864 model.tiny.num_hidden_layers=24 \
+       model.tiny.num_attention_heads=14 model.tiny.num_key_value_heads=2 model.tiny.tie_word_embeddings=true \
+       rollout.n_trajectories=8 rollout.max_response_length=256 pipeline.tasks_per_batch=4
   ;;
 vllm)
   step sampler_vllm 300 $py -m bench.sampler --engine vllm --preset qwen0.5b --dtype bfloat16 --tasks 8 \
