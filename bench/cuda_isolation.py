@@ -33,6 +33,10 @@ ROWS = {
     "landlock_fs": ["env", "landlock"],
     "landlock_fs+scope": ["env", "landlock", "scope"],
     "full (as the worker)": ["env", "rlimits", "netns", "pidns", "mountns", "private_proc", "landlock", "scope"],
+    # the worker's rule since 2026-12-03: existing files beneath its own /proc/<pid>/task writable
+    "landlock_fs+own_threads": ["env", "landlock", "own_threads"],
+    "full+own_threads": ["env", "rlimits", "netns", "pidns", "mountns", "private_proc", "landlock", "scope",
+                         "own_threads"],
     # where under Landlock does the driver need to write? (each adds one tree with every write right)
     "landlock_fs+w:/dev": ["env", "landlock", "w:/dev"],
     "landlock_fs+w:/dev/nvidia-caps": ["env", "landlock", "w:/dev/nvidia-caps"],
@@ -63,7 +67,8 @@ def child(measures: list[str], workdir: str) -> None:
         applied += isolation.mount_private_proc()
     if "landlock" in measures:
         extra = [m[2:] for m in measures if m.startswith("w:")]
-        applied += isolation.restrict_writes([workdir, "/dev/shm", *extra], ["/dev"], block_tcp=True,
+        own = [f"/proc/{os.getpid()}/task"] if "own_threads" in measures else []
+        applied += isolation.restrict_writes([workdir, "/dev/shm", *extra], ["/dev", *own], block_tcp=True,
                                              scope="scope" in measures)
     if "second_ctx" in measures:
         holder_r, holder_w = os.pipe()

@@ -59,12 +59,16 @@ def main() -> int:
         # Mounting must precede Landlock (a Landlock domain may not mount).
         # never a PID namespace with the host's /proc: its pid 1 would see every host process
         inner = isolation.mount_private_proc() if {"pidns", "mountns"} <= set(namespaces) else []
-        if iso["writes"] and "landlock" not in drop:
-            writable = [workdir, req["build_dir"], "/dev/shm"]
-            inner += isolation.restrict_writes(writable, ["/dev"], block_tcp=iso["network"],
-                                               scope="landlock_scope" not in drop)
-        _write_all(conf_w, json.dumps(inner).encode())
-        os.close(conf_w)
+
+        def report_confinement(measures: list[str]) -> None:
+            _write_all(conf_w, json.dumps(inner + measures).encode())
+            os.close(conf_w)
+
+        if req["mode"] == "run":
+            # the run step forks its candidate first: each of the two confines itself (_confine)
+            req["_report_confinement"], req["_conf_fd"] = report_confinement, conf_w
+        else:  # compile and probe run everything in this process
+            report_confinement(_confine(req, scope=True))
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(log_w, 1)
@@ -84,12 +88,32 @@ def main() -> int:
     applied += json.loads(inner_raw) if inner_raw else []
     tail, raw, status = _pump(log_r, res_r, pid, int(req.get("tail_bytes", 8192)))
     result = _parse_result(raw, status)
+    candidate = result.pop("candidate_isolation", None)
+    if candidate is not None:  # in a run step, the Landlock that counts is the candidate process's own
+        applied = [m for m in applied if not m.startswith("landlock")] + [m for m in candidate if m.startswith("landlock")]
     result["isolation"] = sorted(set(applied + result.get("isolation", [])))
     result.setdefault("wall_s", {})["worker_total"] = round(time.monotonic() - t0, 3)
     result["log_tail"] = tail.decode("utf-8", "replace")
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
     return 0
+
+
+def _confine(req: dict[str, Any], scope: bool) -> list[str]:
+    """Landlock for the calling process: writes only to its work and build dirs, /dev/shm, existing
+    device files, and its own threads' files under /proc/<pid>/task. The NVIDIA driver (570+) names
+    the threads it starts by writing /proc/<pid>/task/<tid>/comm and fails cuInit with error 304
+    when it cannot; a Landlock rule binds to the inode of one process's directory, so each process
+    of a run step confines itself, after the fork, with its own. ``scope``: no signals to processes
+    outside its domain (the harness goes without: it must be able to kill its candidate)."""
+    iso = req["isolation"]
+    drop = set(iso.get("drop", ()))
+    if not iso["writes"] or "landlock" in drop:
+        return []
+    writable = [req["workdir"], req["build_dir"], "/dev/shm"]
+    own_threads = f"/proc/{os.getpid()}/task"
+    return isolation.restrict_writes(writable, ["/dev", own_threads], block_tcp=iso["network"],
+                                     scope=scope and "landlock_scope" not in drop)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -231,19 +255,27 @@ def _run_step(req: dict[str, Any], res_fd: int) -> dict[str, Any]:
     task = protocol.load_task(req["task_src"], workdir)
     to_harness_r, to_harness_w = os.pipe()
     to_cand_r, to_cand_w = os.pipe()
+    report_confinement, conf_fd = req.pop("_report_confinement", None), req.pop("_conf_fd", None)
     pid = os.fork()
     if pid == 0:
+        if conf_fd is not None:  # the outer process reads the harness's report until every copy is closed
+            os.close(conf_fd)
         os.close(res_fd)
         os.close(to_harness_r)
         os.close(to_cand_w)
-        _candidate_process(req, task, _Channel(to_cand_r, to_harness_w))
+        _candidate_process(req, task, _Channel(to_cand_r, to_harness_w), _confine(req, scope=True))
         os._exit(0)
     os.close(to_harness_w)
     os.close(to_cand_r)
+    confined = _confine(req, scope=False)
+    if report_confinement is not None:
+        report_confinement(confined)
     chan = _Channel(to_harness_r, to_cand_w)
     deadline = time.monotonic() + float(req["timeout_s"])
     result: dict[str, Any] = {"stage": "correctness", "compiled": False}
     try:
+        # sent before any candidate code ran in that process, so the candidate cannot forge it
+        result["candidate_isolation"] = list(_await(chan, deadline, pid, "load").get("isolation", []))
         msg = _await(chan, deadline, pid, "correctness")
         result["wall_s"] = dict(msg.get("wall_s", {}))
         if not msg.get("ok"):
@@ -427,11 +459,12 @@ def _time_reference(req: dict[str, Any], task: Any) -> float:
 
 # --- candidate process --------------------------------------------------------------------------
 
-def _candidate_process(req: dict[str, Any], task: Any, chan: _Channel) -> None:
+def _candidate_process(req: dict[str, Any], task: Any, chan: _Channel, confined: list[str]) -> None:
     import torch
 
     from sandbox import build, protocol
 
+    chan.send({"isolation": confined})
     device, seed = req["device"], int(req["seed"])
     stage = "load"
     wall: dict[str, float] = {}

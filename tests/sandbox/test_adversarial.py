@@ -196,3 +196,44 @@ async def test_background_processes_left_behind_are_killed(sandbox_cfg, pid_name
     time.sleep(0.5)
     left = [p.pid for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
     assert left == []
+
+
+async def test_a_thread_named_through_proc_as_the_cuda_driver_does_still_evaluates(sandbox_cfg):
+    # NVIDIA's driver (570+) names its threads by writing /proc/<pid>/task/<tid>/comm from another
+    # thread and fails cuInit (error 304) if it cannot: the run step's own threads must stay writable.
+    src = forward(
+        "import threading\n"
+        "t = threading.Thread(target=time.sleep, args=(0.5,)); t.start()\n"
+        "open(f'/proc/self/task/{t.native_id}/comm', 'w').write('cuda-EvtHandlr')\n"
+        "name = open(f'/proc/self/task/{t.native_id}/comm').read().strip(); t.join()\n"
+        "assert name == 'cuda-EvtHandlr', name\n"
+        "return x.clamp_min(0)")
+    async with EvalPool(sandbox_cfg) as pool:
+        res = await pool.evaluate(RELU, src, "cpu")
+    assert res.correct, res
+    assert "landlock_fs" in res.isolation, res.isolation
+
+
+async def test_the_candidate_cannot_write_its_harness_proc_files_or_signal_it(sandbox_cfg):
+    # its own /proc/<pid>/task is the one procfs tree it may write; the harness is its parent
+    src = forward(
+        "import signal\n"
+        "harness = os.getppid()\n"
+        "errors = []\n"
+        "for path in (f'/proc/{harness}/task/{harness}/comm', f'/proc/{harness}/comm', '/proc/sys/kernel/hostname'):\n"
+        "    try:\n"
+        "        open(path, 'w').write('owned')\n"
+        "    except OSError as e:\n"
+        "        errors.append(e.errno)\n"
+        "try:\n"
+        "    os.kill(harness, signal.SIGSTOP)\n"
+        "except OSError as e:\n"
+        "    errors.append(e.errno)\n"
+        "if len(errors) < 4:\n"
+        "    raise RuntimeError(f'only {len(errors)} of 4 refused')\n"
+        "return x.clamp_min(0)")
+    async with EvalPool(sandbox_cfg) as pool:
+        res = await pool.evaluate(RELU, src, "cpu")
+    if "landlock_signal_scope" not in res.isolation:
+        pytest.skip("Landlock scopes (ABI 6) are not available here")
+    assert res.correct, res
