@@ -15,6 +15,7 @@ Any Hydra override after ``--`` is applied to both runs, e.g.
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 from pathlib import Path
@@ -60,7 +61,9 @@ def run_mode(mode: str, overrides: list[str], run_dir: Path) -> tuple[list[dict[
 
 
 def summarise(mode: str, history: list[dict[str, float]], wall: float) -> dict[str, Any]:
-    steady = history[1:] or history
+    # Step 0 pays for warm-up; one_off's last step has no next batch to generate (its gen is 0),
+    # so both ends are left out of the means, for both modes alike.
+    steady = history[1:-1] if len(history) > 2 else (history[1:] or history)
     row: dict[str, Any] = {"mode": mode, "steps": len(history), "wall_s": wall}
     for name, key in KEYS.items():
         vals = [h[key] for h in steady if key in h]
@@ -77,17 +80,27 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--run-root", default="runs/bench_pipeline")
     p.add_argument("--modes", default="sync,one_off")
+    p.add_argument("--summarise", default="", help="no run: summarise the histories of this earlier --out file")
     args = p.parse_args(own)
     overrides = [f"pipeline.steps={args.steps}", "logger=console", "pipeline.progress=false",
                  "checkpoint.every=0", "checkpoint.at_end=false"] + extra_over
     rows, histories = [], {}
-    for mode in args.modes.split(","):
+    if args.summarise:
+        earlier = json.loads(Path(args.summarise).read_text())
+        overrides = earlier["overrides"].split()
+        walls = {r["mode"]: r["wall_s"] for r in earlier["rows"]}
+        histories = earlier["history"]
+        rows = [summarise(mode, h, walls[mode]) for mode, h in histories.items()]
+    for mode in ([] if args.summarise else args.modes.split(",")):
         run_dir = Path(args.run_root) / f"{mode}-{int(time.time())}"
         history, wall = run_mode(mode, overrides, run_dir)
         histories[mode] = history
         rows.append(summarise(mode, history, wall))
         progress("pipeline", rows[-1])
     extra: dict[str, Any] = {"overrides": " ".join(overrides)}
+    if args.summarise:  # the numbers are the earlier run's, not this machine's
+        extra["measured_on"] = earlier["machine"]
+        extra["summarised_from"] = args.summarise
     by = {r["mode"]: r for r in rows}
     if "sync" in by and "one_off" in by:
         s, o = by["sync"], by["one_off"]
