@@ -56,3 +56,19 @@ def test_cpu_timing_returns_one_positive_time_per_run():
 def test_speedups_above_the_bound_are_flagged():
     assert protocol.speedup_flags(50.0, 10.0) == ["excessive_speedup"]
     assert protocol.speedup_flags(2.0, 10.0) == []
+
+
+def test_a_single_bad_element_past_the_first_slice_is_found():
+    # the comparison runs in slices of 1M elements: the verdict must not depend on where they fall
+    ref = torch.randn(3 * (1 << 20) + 17)
+    for where in (0, (1 << 20) - 1, 1 << 20, ref.numel() - 1):
+        off = ref.clone()
+        off[where] += 1.0
+        bad = protocol.compare_outputs([off], [ref], TOL)
+        assert bad is not None and math.isclose(bad.max_abs_err, 1.0, rel_tol=1e-6), (where, bad)
+        nan = ref.clone()
+        nan[where] = float("nan")
+        assert "1 NaN/Inf" in protocol.compare_outputs([nan], [ref], TOL).message
+    assert protocol.compare_outputs([ref.clone()], [ref], TOL) is None
+    abs_err, rel_err = protocol.max_errors([ref + 1e-6], [ref])
+    assert 0 < abs_err < 2e-6 and rel_err > 0
