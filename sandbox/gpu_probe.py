@@ -4,8 +4,10 @@ On the lent H200 every CUDA evaluation failed at ``cudaGetDeviceCount()`` (error
 failed or operation not supported on this OS") under the full sandbox. Rather than guess which
 measure a given host's driver cannot live with, the pool runs :data:`CUDA_PROBE_SRC` (its own code,
 never a candidate's) in a real worker under the configured isolation before its first GPU run step;
-if the device does not come up, it drops measures in :data:`DROP_ORDER`, cumulatively, until it
-does, and every later GPU run step of that pool uses the first level that worked. Only the probe's
+if the device does not come up, it tries leaving out each measure of :data:`DROP_ORDER` alone,
+then drops them cumulatively, until it does, and every later GPU run step of that pool uses the
+first level that worked. (The cause on the H200 turned out to be Landlock denying the driver's
+writes to /proc/<pid>/task/<tid>/comm, which the worker now allows: sandbox/worker.py _confine.) Only the probe's
 outcome decides: nothing a candidate does can lower the isolation.
 """
 from __future__ import annotations
@@ -60,17 +62,27 @@ ProbeRun = Callable[[tuple[str, ...]], Awaitable[tuple[bool, str, "list[str] | N
 
 async def choose_isolation(run: ProbeRun) -> ProbeVerdict:
     """``run(dropped)`` runs the probe once -> (ok, error, isolation applied or None when the worker
-    gave no verdict). Drops one more measure after each failure until the probe succeeds."""
+    gave no verdict). Leaves out one measure at a time, then one more after each failure, until
+    the probe succeeds."""
     errors: list[str] = []
+    tried: dict[tuple[str, ...], tuple[bool, list[str] | None]] = {}
 
     async def attempt(dropped: tuple[str, ...]) -> tuple[bool, list[str] | None]:
-        ok, err, applied = await run(dropped)
-        if not ok:
-            errors.append(f"{'+'.join(dropped) or 'full'}: {err}")
-        return ok, applied
+        if dropped not in tried:
+            ok, err, applied = await run(dropped)
+            if not ok:
+                errors.append(f"{'+'.join(dropped) or 'full'}: {err}")
+            tried[dropped] = ok, applied
+        return tried[dropped]
 
     ok, applied = await attempt(())
     first_applied = applied or []
+    in_force = [m for m in DROP_ORDER if applied is None or _APPLIED_NAME[m] in first_applied]
+    if not ok:  # one measure alone first: on the H200 only Landlock was in the way, the rest can stay
+        for measure in in_force:
+            single_ok, single_applied = await attempt((measure,))
+            if single_ok:
+                return _stepped_down((measure,), single_applied or [], errors)
     dropped: tuple[str, ...] = ()
     for measure in DROP_ORDER:
         if ok:
@@ -81,11 +93,15 @@ async def choose_isolation(run: ProbeRun) -> ProbeVerdict:
     if ok and not dropped:
         return ProbeVerdict((), True, applied or [], [])
     if ok:
-        lost = tuple(m for m in dropped if _APPLIED_NAME[m] in first_applied) or dropped
-        log.warning("GPU isolation probe: the device does not start under the full sandbox (%s). "
-                    "GPU run steps of this pool now go without %s; isolation in force: %s",
-                    errors[0], ", ".join(lost), ", ".join(applied or []))
-        return ProbeVerdict(lost, True, applied or [], errors)
+        return _stepped_down(tuple(m for m in dropped if _APPLIED_NAME[m] in first_applied) or dropped,
+                             applied or [], errors)
     log.error("GPU isolation probe: the device fails even with every sandbox measure dropped (%s); "
               "keeping full isolation, so GPU evaluations will fail as the probe did", errors[-1])
     return ProbeVerdict((), False, first_applied, errors)
+
+
+def _stepped_down(lost: tuple[str, ...], applied: list[str], errors: list[str]) -> ProbeVerdict:
+    log.warning("GPU isolation probe: the device does not start under the full sandbox (%s). "
+                "GPU run steps of this pool now go without %s; isolation in force: %s",
+                errors[0], ", ".join(lost), ", ".join(applied))
+    return ProbeVerdict(lost, True, applied, errors)

@@ -93,3 +93,20 @@ async def test_the_switch_turns_the_probe_off(sandbox_cfg):
         res = await pool.evaluate(RELU, ANSWER, "cpu", **QUICK)
         assert pool.probe_verdict is None and "isolation_probe_runs" not in pool.stats()
     assert res.correct and {"pidns", "private_proc", "landlock_fs"} <= set(res.isolation), res
+
+
+async def test_a_probe_failing_only_under_landlock_keeps_the_namespaces(sandbox_cfg):
+    # The H200's case (2026-12-03): only Landlock was in the way. Leaving out one measure at a time
+    # finds that, so the PID, mount and network namespaces stay.
+    probe = cpu_probe("import os, tempfile\nfd, path = tempfile.mkstemp(dir='/tmp')\nos.close(fd)\nos.remove(path)\n")
+    async with EvalPool(sandbox_cfg, isolation_probe=probe) as pool:
+        res = await pool.evaluate(RELU, ANSWER, "cpu", **QUICK)
+        verdict = pool.probe_verdict
+    if verdict.dropped == () and "landlock_fs" not in verdict.isolation:
+        pytest.skip("no Landlock on this machine")
+    assert verdict.worked and verdict.dropped == ("landlock",), verdict
+    assert res.correct, res
+    assert "landlock_fs" not in res.isolation
+    assert {"pidns", "mountns", "netns"} <= set(res.isolation), res.isolation
+    assert DROP_ORDER[-1] == "landlock"  # so: the full sandbox, then each measure alone, Landlock last
+    assert pool.stats()["isolation_probe_runs"] == 1 + len(DROP_ORDER), pool.stats()
