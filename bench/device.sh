@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The H200 runs behind docs/performance.md, one part per device call (each part < 10 min):
-#   bash bench/device.sh compile   # bench.cuda_isolation, sandbox selfcheck (cuda), bench.sandbox, bench.cuda_build
-#   bash bench/device.sh gpu       # bench.trainer, bench.weight_sync, bench.pipeline (one GPU)
+#   bash bench/device.sh compile   # bench.cuda_isolation, sandbox selfcheck (cuda), bench.sandbox
+#   bash bench/device.sh build     # bench.cuda_build (plain torch vs narrow header)
+#   bash bench/device.sh gpu       # bench.trainer (sdpa, then flex_attention), bench.weight_sync
+#   bash bench/device.sh recheck   # bench.cuda_isolation, bench.pipeline at 8 steps (one GPU)
 #   bash bench/device.sh stream    # bench.reward_streaming (cuda), bench.sampler (hf)
 #   bash bench/device.sh vllm      # bench.sampler with the vLLM engine (after .vbundle is installed)
 # Needs .devpkgs installed into /tmp/site (bash .devpkgs/install.sh), built on the CPU machine with
@@ -10,7 +12,7 @@
 # (orjson: verl.utils.tracking imports it; the 2026-12-02 run lacked it and the trainer could not start). Every bench has its own time
 # limit, so one that hangs costs only its share; results are re-packed into $OUT after each.
 set -u
-part=${1:?usage: bench/device.sh compile|gpu|stream|recheck|vllm}
+part=${1:?usage: bench/device.sh compile|build|gpu|stream|recheck|vllm}
 out=${OUT:-/tmp/bench_out}
 res=/tmp/bench_res/$part
 mkdir -p "$res" "$out"
@@ -42,27 +44,24 @@ compile)
   # The probe can drop every namespace and Landlock, never the rlimits or the scrubbed environment:
   # if CUDA fails under those alone, no sandboxed GPU run can work; save the device time.
   if $py -c "import json,sys; r={x['row']: x['cuda_ok'] for x in json.load(open('$res/cuda_isolation.json'))['rows']}; sys.exit(0 if r.get('rlimits') else 1)"; then
-    step selfcheck 150 $py -m sandbox.selfcheck --backend cuda --out "$res/selfcheck"
-    step sandbox 200 $py -m bench.sandbox --backend cuda --prime 2 --distinct 16 --max-concurrent 16 \
+    step selfcheck 240 $py -m sandbox.selfcheck --backend cuda --out "$res/selfcheck"
+    step sandbox 280 $py -m bench.sandbox --backend cuda --prime 2 --distinct 16 --max-concurrent 16 \
          --compile-workers 8 --max-jobs 2 --out "$res/sandbox_cuda.json"
   else
     echo "=== CUDA fails under the rlimits/environment alone: selfcheck and bench.sandbox skipped"
   fi
-  step cuda_build 120 $py -m bench.cuda_build --modes torch,narrow --jobs 4 --out "$res/cuda_build_h200.json"
+  ;;
+build)  # 2026-12-03: one plain torch build took 60.6 s here; 120 s did not reach the narrow rows
+  step cuda_build 300 $py -m bench.cuda_build --modes torch,narrow --jobs 4 --out "$res/cuda_build_h200.json"
   ;;
 gpu)
-  step trainer 180 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer --preset qwen0.5b \
+  step trainer 300 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer --preset qwen0.5b \
        --rows 64 --min-len 256 --max-len 4096 --token-budget 8192 --steps 2 --rl-step --rl-budgets 8192,32768 \
        --rl-chunks 1024 --prompt-len 512 --profile "$res/trainer_profile.txt" --out "$res/trainer_h200.json"
-  step weight_sync 80 $py -m bench.weight_sync --preset qwen0.5b --transports cuda_ipc,object_store \
+  step weight_sync 150 $py -m bench.weight_sync --preset qwen0.5b --transports cuda_ipc,object_store \
        --pushes 4 --out "$res/weight_sync_h200.json"
-  step pipeline 220 $py -m bench.pipeline --steps 3 --run-root /tmp/bench_runs --out "$res/pipeline_h200.json" -- \
-       +experiment=toy resources=one_gpu model.dtype=bfloat16 model.tiny.vocab_size=151936 \
-       model.tiny.hidden_size=896 model.tiny.intermediate_size=4864 model.tiny.num_hidden_layers=24 \
-       model.tiny.num_attention_heads=14 model.tiny.num_key_value_heads=2 model.tiny.tie_word_embeddings=true \
-       rollout.n_trajectories=8 rollout.max_response_length=256 pipeline.tasks_per_batch=4
   # packed rows through flex_attention's block mask instead of sdpa's dense one (compiles first)
-  step trainer_flex 100 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer --preset qwen0.5b \
+  step trainer_flex 120 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer --preset qwen0.5b \
        --rows 64 --min-len 256 --max-len 4096 --token-budget 8192 --steps 2 --attn flex_attention \
        --layouts packed,padded --out "$res/trainer_flex_h200.json"
   ;;
