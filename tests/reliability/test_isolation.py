@@ -83,8 +83,10 @@ CONTAMINATION = {
             os._exit(0)
         """), "timeout|runtime_error", None),  # it kills its own candidate process first
     # pid 1 of the namespace ignores signals from inside it; the harness goes on
-    "signals_its_harness": (forward("os.kill(os.getppid(), signal.SIGSTOP)\nreturn x.clamp_min(0)"),
-                            "correct", None),
+    # refused where Landlock scopes signals (the candidate has its own domain); else the harness
+    # must survive being stopped
+    "signals_its_harness": (forward("try:\n    os.kill(os.getppid(), signal.SIGSTOP)\nexcept PermissionError:\n"
+                                    "    pass\nreturn x.clamp_min(0)"), "correct", None),
     "lowers_priority_and_limits_for_later": (forward("return x.clamp_min(0)", prelude="""
         import resource
         os.nice(19)
