@@ -44,7 +44,8 @@ compile)
   # The probe can drop every namespace and Landlock, never the rlimits or the scrubbed environment:
   # if CUDA fails under those alone, no sandboxed GPU run can work; save the device time.
   if $py -c "import json,sys; r={x['row']: x['cuda_ok'] for x in json.load(open('$res/cuda_isolation.json'))['rows']}; sys.exit(0 if r.get('rlimits') else 1)"; then
-    step selfcheck 240 $py -m sandbox.selfcheck --backend cuda --out "$res/selfcheck"
+    step selfcheck 240 $py -m sandbox.selfcheck --backend cuda --out "$res/selfcheck" \
+         --set compile_workers=8 --set max_jobs=2 --set max_concurrent=16
     step sandbox 280 $py -m bench.sandbox --backend cuda --prime 2 --distinct 16 --max-concurrent 16 \
          --compile-workers 8 --max-jobs 2 --out "$res/sandbox_cuda.json"
   else

@@ -177,23 +177,30 @@ def cpu_cases() -> list[Case]:
 
 
 async def run_cases(cases: list[Case], cfg_overrides: dict) -> list[dict]:
+    """Every case at once: the pool overlaps the builds (``compile_workers``) and gives each GPU to
+    one run step at a time, so timings are not disturbed; a row is printed as soon as it is done."""
     cfg = load_default_config(**cfg_overrides)
-    rows = []
+
+    async def one(pool: EvalPool, case: Case) -> dict:
+        t = time.monotonic()
+        res = await pool.evaluate(case.task, case.answer, case.backend, key=case.name)
+        ok = res.error_kind == case.expect and (res.correct == (case.expect is None))
+        if case.must_be_timed:
+            ok = ok and res.timed and (res.speedup or 0) > 0
+        if case.name == "cuda_fake_event_timing":
+            # 20 adds must not time as faster than one: the harness's clock was used
+            ok = ok and res.speedup is not None and res.speedup < 2.0
+        row = {"case": case.name, "expect": case.expect or "correct",
+               "got": res.error_kind or ("correct" if res.correct else "?"), "ok": ok,
+               "speedup": res.speedup, "ref_ms": res.ref_runtime_ms, "new_ms": res.new_runtime_ms,
+               "wall_s": round(time.monotonic() - t, 2), "error": (res.error or "")[:300],
+               "isolation": res.isolation, "device": res.device, "wall": res.wall_s}
+        print(f"[selfcheck] {case.name}: {row['got']} ({'ok' if ok else 'NOT AS EXPECTED'}, "
+              f"{row['wall_s']} s)", flush=True)
+        return row
+
     async with EvalPool(cfg) as pool:
-        for case in cases:
-            t = time.monotonic()
-            res = await pool.evaluate(case.task, case.answer, case.backend, key=case.name)
-            ok = res.error_kind == case.expect and (res.correct == (case.expect is None))
-            if case.must_be_timed:
-                ok = ok and res.timed and (res.speedup or 0) > 0
-            if case.name == "cuda_fake_event_timing":
-                # 20 adds must not time as faster than one: the harness's clock was used
-                ok = ok and res.speedup is not None and res.speedup < 2.0
-            rows.append({"case": case.name, "expect": case.expect or "correct",
-                         "got": res.error_kind or ("correct" if res.correct else "?"), "ok": ok,
-                         "speedup": res.speedup, "ref_ms": res.ref_runtime_ms, "new_ms": res.new_runtime_ms,
-                         "wall_s": round(time.monotonic() - t, 2), "error": (res.error or "")[:300],
-                         "isolation": res.isolation, "device": res.device, "wall": res.wall_s})
+        rows = list(await asyncio.gather(*[one(pool, case) for case in cases]))
         verdict = pool.probe_verdict  # the GPU isolation probe's choice, when it ran
         rows.append({"case": "_stats", "stats": pool.stats(),
                      "isolation_probe": dataclasses.asdict(verdict) if verdict else None})
