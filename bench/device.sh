@@ -57,8 +57,8 @@ build)  # 2026-12-03: one plain torch build took 60.6 s here; 120 s did not reac
   ;;
 gpu)
   step trainer 300 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer --preset qwen0.5b \
-       --rows 64 --min-len 256 --max-len 4096 --token-budget 8192 --steps 2 --rl-step --rl-budgets 8192,32768 \
-       --rl-chunks 1024 --prompt-len 512 --profile "$res/trainer_profile.txt" --out "$res/trainer_h200.json"
+       --rows 64 --min-len 256 --max-len 4096 --token-budget 8192 --steps 2 --layouts padded --rl-step \
+       --rl-budgets 8192,32768 --rl-chunks 1024 --prompt-len 512 --out "$res/trainer_h200.json"
   step weight_sync 150 $py -m bench.weight_sync --preset qwen0.5b --transports cuda_ipc,object_store \
        --pushes 4 --out "$res/weight_sync_h200.json"
   # packed rows through flex_attention's block mask instead of sdpa's dense one (compiles first)
