@@ -211,8 +211,7 @@ async def test_a_thread_named_through_proc_as_the_cuda_driver_does_still_evaluat
         "name = open(f'/proc/self/task/{t.native_id}/comm').read().strip(); t.join()\n"
         "assert name == 'cuda-EvtHandlr', name\n"
         "return x.clamp_min(0)")
-    async with EvalPool(sandbox_cfg) as pool:
-        res = await pool.evaluate(RELU, src, "cpu")
+    res = await _evaluate(sandbox_cfg, src)
     assert res.correct, res
     assert "landlock_fs" in res.isolation, res.isolation
 
@@ -235,8 +234,7 @@ async def test_the_candidate_cannot_write_its_harness_proc_files_or_signal_it(sa
         "if len(errors) < 4:\n"
         "    raise RuntimeError(f'only {len(errors)} of 4 refused')\n"
         "return x.clamp_min(0)")
-    async with EvalPool(sandbox_cfg) as pool:
-        res = await pool.evaluate(RELU, src, "cpu")
+    res = await _evaluate(sandbox_cfg, src)
     if "landlock_signal_scope" not in res.isolation:
         pytest.skip("Landlock scopes (ABI 6) are not available here")
     assert res.correct, res
