@@ -59,16 +59,10 @@ def main() -> int:
         # Mounting must precede Landlock (a Landlock domain may not mount).
         # never a PID namespace with the host's /proc: its pid 1 would see every host process
         inner = isolation.mount_private_proc() if {"pidns", "mountns"} <= set(namespaces) else []
-
-        def report_confinement(measures: list[str]) -> None:
-            _write_all(conf_w, json.dumps(inner + measures).encode())
-            os.close(conf_w)
-
-        if req["mode"] == "run":
-            # the run step forks its candidate first: each of the two confines itself (_confine)
-            req["_report_confinement"], req["_conf_fd"] = report_confinement, conf_w
-        else:  # compile and probe run everything in this process
-            report_confinement(_confine(req, scope=True))
+        # a run step's candidate adds its own, narrower layer after the fork (_candidate_process)
+        inner += _confine(req, scope=req["mode"] != "run", proc_all=req["mode"] == "run")
+        _write_all(conf_w, json.dumps(inner).encode())
+        os.close(conf_w)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(log_w, 1)
@@ -99,20 +93,22 @@ def main() -> int:
     return 0
 
 
-def _confine(req: dict[str, Any], scope: bool) -> list[str]:
+def _confine(req: dict[str, Any], scope: bool, proc_all: bool = False) -> list[str]:
     """Landlock for the calling process: writes only to its work and build dirs, /dev/shm, existing
-    device files, and its own threads' files under /proc/<pid>/task. The NVIDIA driver (570+) names
-    the threads it starts by writing /proc/<pid>/task/<tid>/comm and fails cuInit with error 304
-    when it cannot; a Landlock rule binds to the inode of one process's directory, so each process
-    of a run step confines itself, after the fork, with its own. ``scope``: no signals to processes
-    outside its domain (the harness goes without: it must be able to kill its candidate)."""
+    device files, and existing files beneath its own /proc/<pid>/task. The NVIDIA driver (570+)
+    names the threads it starts by writing /proc/<pid>/task/<tid>/comm and fails cuInit with error
+    304 when it cannot. A rule binds to one process's /proc inode, so in a run step the harness's
+    layer allows writes beneath all of /proc (``proc_all``: it runs trusted code only) and the
+    candidate, forked under it, adds a layer of its own with its own /proc/<pid>/task: a nested
+    domain, so the harness can still read and kill whatever the candidate leaves behind, while the
+    candidate (``scope``) can neither signal nor ptrace the harness."""
     iso = req["isolation"]
     drop = set(iso.get("drop", ()))
     if not iso["writes"] or "landlock" in drop:
         return []
     writable = [req["workdir"], req["build_dir"], "/dev/shm"]
-    own_threads = f"/proc/{os.getpid()}/task"
-    return isolation.restrict_writes(writable, ["/dev", own_threads], block_tcp=iso["network"],
+    procfs = "/proc" if proc_all else f"/proc/{os.getpid()}/task"
+    return isolation.restrict_writes(writable, ["/dev", procfs], block_tcp=iso["network"],
                                      scope=scope and "landlock_scope" not in drop)
 
 
@@ -256,11 +252,8 @@ def _run_step(req: dict[str, Any], res_fd: int) -> dict[str, Any]:
     task = protocol.load_task(req["task_src"], workdir)
     to_harness_r, to_harness_w = os.pipe()
     to_cand_r, to_cand_w = os.pipe()
-    report_confinement, conf_fd = req.pop("_report_confinement", None), req.pop("_conf_fd", None)
     pid = os.fork()
     if pid == 0:
-        if conf_fd is not None:  # the outer process reads the harness's report until every copy is closed
-            os.close(conf_fd)
         os.close(res_fd)
         os.close(to_harness_r)
         os.close(to_cand_w)
@@ -268,9 +261,6 @@ def _run_step(req: dict[str, Any], res_fd: int) -> dict[str, Any]:
         os._exit(0)
     os.close(to_harness_w)
     os.close(to_cand_r)
-    confined = _confine(req, scope=False)
-    if report_confinement is not None:
-        report_confinement(confined)
     chan = _Channel(to_harness_r, to_cand_w)
     deadline = time.monotonic() + float(req["timeout_s"])
     result: dict[str, Any] = {"stage": "correctness", "compiled": False}
