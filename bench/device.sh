@@ -2,7 +2,8 @@
 # The H200 runs behind docs/performance.md, one part per device call (each part < 10 min):
 #   bash bench/device.sh compile   # bench.cuda_isolation, sandbox selfcheck (cuda), bench.sandbox
 #   bash bench/device.sh build     # bench.cuda_build (plain torch vs narrow header)
-#   bash bench/device.sh gpu       # bench.trainer (sdpa, then flex_attention), bench.weight_sync
+#   bash bench/device.sh gpu       # bench.trainer (padded + the RL step), bench.weight_sync
+#   bash bench/device.sh mfu       # bench.trainer with flex_attention, then with compiled layers
 #   bash bench/device.sh recheck   # bench.cuda_isolation, bench.pipeline at 8 steps (one GPU)
 #   bash bench/device.sh stream    # bench.reward_streaming (cuda), bench.sampler (hf)
 #   bash bench/device.sh vllm      # bench.sampler with the vLLM engine (after .vbundle is installed)
@@ -12,7 +13,7 @@
 # (orjson: verl.utils.tracking imports it; the 2026-12-02 run lacked it and the trainer could not start). Every bench has its own time
 # limit, so one that hangs costs only its share; results are re-packed into $OUT after each.
 set -u
-part=${1:?usage: bench/device.sh compile|build|gpu|stream|recheck|vllm}
+part=${1:?usage: bench/device.sh compile|build|gpu|mfu|stream|recheck|vllm}
 out=${OUT:-/tmp/bench_out}
 res=/tmp/bench_res/$part
 mkdir -p "$res" "$out"
@@ -52,8 +53,8 @@ compile)
     echo "=== CUDA fails under the rlimits/environment alone: selfcheck and bench.sandbox skipped"
   fi
   ;;
-build)  # 2026-12-03: one plain torch build took 60.6 s here; 120 s did not reach the narrow rows
-  step cuda_build 300 $py -m bench.cuda_build --modes torch,narrow --jobs 4 --out "$res/cuda_build_h200.json"
+build)  # 2026-12-03: a plain torch build took 60.6 s here (--modes torch); 120 s did not reach the narrow rows
+  step cuda_build 400 $py -m bench.cuda_build --modes narrow,narrow_t2 --jobs 4 --out "$res/cuda_build_h200.json"
   ;;
 gpu)
   step trainer 300 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer --preset qwen0.5b \
@@ -61,10 +62,16 @@ gpu)
        --rl-budgets 8192,32768 --rl-chunks 1024 --prompt-len 512 --out "$res/trainer_h200.json"
   step weight_sync 150 $py -m bench.weight_sync --preset qwen0.5b --transports cuda_ipc,object_store \
        --pushes 4 --out "$res/weight_sync_h200.json"
+  ;;
+mfu)  # the levers the 2026-12-03 profile points at, each against the padded sdpa row of `gpu`
   # packed rows through flex_attention's block mask instead of sdpa's dense one (compiles first)
-  step trainer_flex 120 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer --preset qwen0.5b \
+  step trainer_flex 200 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer --preset qwen0.5b \
        --rows 64 --min-len 256 --max-len 4096 --token-budget 8192 --steps 2 --attn flex_attention \
-       --layouts packed,padded --out "$res/trainer_flex_h200.json"
+       --layouts packed --out "$res/trainer_flex_h200.json"
+  # every decoder layer under torch.compile (fuses the eager elementwise work)
+  step trainer_compile 250 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer --preset qwen0.5b \
+       --rows 64 --min-len 256 --max-len 4096 --token-budget 8192 --steps 2 --compile --layouts padded,packed \
+       --out "$res/trainer_compile_h200.json"
   ;;
 stream)
   step reward_streaming 180 $py -m bench.reward_streaming --backend cuda --compiled 12 --cheap 12 \

@@ -31,7 +31,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def build_model(arch: dict[str, Any], device: torch.device, attn: str) -> torch.nn.Module:
+def build_model(arch: dict[str, Any], device: torch.device, attn: str, compile_layers: bool = False) -> torch.nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -47,6 +47,8 @@ def build_model(arch: dict[str, Any], device: torch.device, attn: str) -> torch.
                                   reduce_dtype=torch.float32)
     mesh = init_device_mesh(device.type, (1,))
     for layer in model.model.layers:
+        if compile_layers:  # per block, as torchtitan does with FSDP2: fuses norms, rotary, SiLU, casts
+            layer.compile()
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     model.train()
@@ -232,6 +234,7 @@ def main() -> None:
     p.add_argument("--attn", default="sdpa")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak used for MFU")
     p.add_argument("--layouts", default="padded,packed")
+    p.add_argument("--compile", action="store_true", help="torch.compile each decoder layer (bench loop only)")
     p.add_argument("--rl-step", action="store_true", help="also time the project's trainer step")
     p.add_argument("--rl-budgets", default="", help="micro-batch token budgets of the rl steps (default --token-budget)")
     p.add_argument("--rl-chunks", default="1024", help="logprob_chunk_tokens of the rl steps (0: full logits)")
@@ -250,7 +253,7 @@ def main() -> None:
         os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
     arch = PRESETS[args.preset]
-    model = build_model(arch, device, args.attn)
+    model = build_model(arch, device, args.attn, args.compile)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
     n_mm = matmul_params(model)
     n_params = sum(p.numel() for p in model.parameters())
