@@ -1,7 +1,6 @@
 """Cold build cost of a KernelBench-style CUDA ``load_inline``, object by object, under the ways the
 sandbox can build it: torch's plain build, with the precompiled torch/extension.h for main.cpp,
-and with that plus the narrow header nvcc sees for torch/extension.h (sandbox/build.py), the
-last one also with nvcc's host and device front ends run side by side (``narrow_t2``).
+and with that plus the narrow header nvcc sees for torch/extension.h (sandbox/build.py).
 
 Each build is a fresh process and a fresh extensions dir, through the sandbox's own
 ``install_build_hooks`` and ``protocol.build_candidate`` (what a compile step runs, minus the
@@ -29,20 +28,19 @@ from typing import Any
 from bench.common import parser, percentile, progress, report
 from sandbox.build import FULL_HEADER_SUFFIX
 
-MODES = {  # name: (precompiled header for main.cpp, narrow header for cuda.cu, nvcc --threads)
-    "torch": (False, False, 0),
-    "pch": (True, False, 0),
-    "narrow": (True, True, 0),
-    "narrow_t2": (True, True, 2),  # the sandbox's default since 2026-12-03 (sandbox.nvcc_threads)
+MODES = {  # name: (precompiled header for main.cpp, narrow header for cuda.cu)
+    "torch": (False, False),
+    "pch": (True, False),
+    "narrow": (True, True),
 }
 
 
 def build_once(src: str, mode: str, root: Path, pch_root: Path | None, narrow_dir: Path) -> dict[str, Any]:
     """One cold build in a child process; returns its wall time and ninja's per-object times."""
-    use_pch, use_narrow, threads = MODES[mode]
+    use_pch, use_narrow = MODES[mode]
     ext_dir = Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=root))
     job = {"src": src, "ext_dir": str(ext_dir), "pch_root": str(pch_root) if use_pch and pch_root else None,
-           "narrow_dir": str(narrow_dir) if use_narrow else None, "nvcc_threads": threads}
+           "narrow_dir": str(narrow_dir) if use_narrow else None}
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext_dir)}
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "bench.cuda_build", "--child", json.dumps(job)],
@@ -77,7 +75,7 @@ def child(job: dict[str, Any]) -> None:
     if not torch.version.cuda and os.environ.get("CUDA_HOME"):
         cpp_extension.CUDA_HOME = os.environ["CUDA_HOME"]  # a CPU torch never looks for nvcc itself
 
-    build.install_build_hooks(job["ext_dir"], job["pch_root"], [], job["narrow_dir"], job["nvcc_threads"])
+    build.install_build_hooks(job["ext_dir"], job["pch_root"], [], job["narrow_dir"])
     try:
         protocol.build_candidate(job["src"], job["ext_dir"])
         print(json.dumps({"ok": True}))

@@ -53,9 +53,9 @@ FULL_HEADER_SUFFIX = "_fullhdr"
 
 
 # Part of every build key: bumped whenever how a build is made changes, so a persistent cache never
-# serves a verdict of the old recipe (3: nvcc --threads; 2: PCH forwarder and narrow CUDA header;
-# 1 cached compile_errors of answers that build).
-BUILD_RECIPE = "3"
+# serves a verdict of the old recipe (2: PCH forwarder and narrow CUDA header; 1 cached
+# compile_errors of answers that build).
+BUILD_RECIPE = "2"
 
 
 def build_key(candidate_src: str, backend: str, arch: str, torch_version: str) -> str:
@@ -136,15 +136,12 @@ def write_narrow_header(root: str | Path) -> Path:
 
 
 def install_build_hooks(build_dir: str, pch_root: str | None, wanted: list[list[str]],
-                        narrow_header_dir: str | None = None, nvcc_threads: int = 0) -> None:
+                        narrow_header_dir: str | None = None) -> None:
     """Wrap ``load_inline`` (inside the sandbox, before the candidate loads).
 
     The first time a build is made (compile step) its decisions (PCH, narrow CUDA header) are
     written next to it, and the run step repeats them, so both produce the same build command (no
     rebuild). ``wanted`` collects flag sets that had no PCH yet, for the pool to build.
-    ``nvcc_threads`` > 1 lets nvcc run its host and device front ends side by side (``--threads``):
-    they parse the same torch headers one after the other otherwise (cudafe++ ~11.8 s, then cicc
-    ~11.8 s of a 35 s .cu on the CPU box).
     """
     from torch.utils import cpp_extension
 
@@ -163,17 +160,14 @@ def install_build_hooks(build_dir: str, pch_root: str | None, wanted: list[list[
         decision = json.loads(decision_file.read_text()) if decision_file.exists() else None
         if decision is None:
             decision = {"pch_dir": _pch_for(call, pch_root, wanted), "build_name": name,
-                        "narrow_cuda_header": narrow_header_dir if _narrow_header_applies(call, narrow_header_dir) else None,
-                        "nvcc_threads": nvcc_threads if _is_cuda_call(call) else 0}
-        cuda_flags = _with_threads(list(call.get("extra_cuda_cflags") or []), int(decision.get("nvcc_threads") or 0))
+                        "narrow_cuda_header": narrow_header_dir if _narrow_header_applies(call, narrow_header_dir) else None}
         build = dict(call, name=decision.get("build_name", name))
-        if _is_cuda_call(call):
-            build["extra_cuda_cflags"] = cuda_flags
         if decision.get("pch_dir"):
             # through extra_cflags: g++ (main.cpp) only; nvcc never sees the PCH dir
             build["extra_cflags"] = [f"-I{decision['pch_dir']}"] + list(call.get("extra_cflags") or [])
         if decision.get("narrow_cuda_header"):
-            narrow = dict(build, extra_cuda_cflags=[f"-I{decision['narrow_cuda_header']}"] + cuda_flags)
+            narrow = dict(build, extra_cuda_cflags=[f"-I{decision['narrow_cuda_header']}"]
+                          + list(call.get("extra_cuda_cflags") or []))
             try:
                 module = original(**narrow)
             except Exception:  # noqa: BLE001 - whatever the narrow header lacked: build as written
@@ -190,13 +184,6 @@ def install_build_hooks(build_dir: str, pch_root: str | None, wanted: list[list[
 
     load_inline.__wrapped__ = original  # type: ignore[attr-defined]
     cpp_extension.load_inline = load_inline
-
-
-def _with_threads(flags: list[str], threads: int) -> list[str]:
-    """The candidate's own thread flag, if it gave one, wins (nvcc takes one)."""
-    if threads <= 1 or any(str(f).startswith(("-t", "--threads")) for f in flags):
-        return flags
-    return flags + [f"--threads={threads}"]
 
 
 def _pch_for(call: dict[str, Any], pch_root: str | None, wanted: list[list[str]]) -> str | None:

@@ -395,7 +395,6 @@ class EvalPool:
         req = {**req, "workdir": str(workdir), "build_dir": str(build_dir),
                "pch_root": str(self.cache / "pch") if cfg.precompiled_header else None,
                "narrow_header_dir": self._narrow_header_dir if cfg.narrow_cuda_header else None,
-               "nvcc_threads": cfg.nvcc_threads,
                "tail_bytes": cfg.output_tail_bytes,
                "limits": {"memory_bytes": cfg.memory_limit_bytes if use_as else None,
                           "open_files": cfg.max_open_files, "processes": cfg.max_processes,

@@ -200,8 +200,7 @@ def _compile_step(req: dict[str, Any]) -> dict[str, Any]:
     from sandbox import build, protocol
 
     wanted: list[list[str]] = []
-    build.install_build_hooks(req["build_dir"], req.get("pch_root"), wanted, req.get("narrow_header_dir"),
-                              int(req.get("nvcc_threads") or 0))
+    build.install_build_hooks(req["build_dir"], req.get("pch_root"), wanted, req.get("narrow_header_dir"))
     t = time.perf_counter()
     try:
         protocol.build_candidate(req["candidate_src"], req["workdir"])
@@ -464,8 +463,7 @@ def _candidate_process(req: dict[str, Any], task: Any, chan: _Channel, confined:
     stage = "load"
     wall: dict[str, float] = {}
     try:
-        build.install_build_hooks(req["build_dir"], req.get("pch_root"), [], req.get("narrow_header_dir"),
-                                  int(req.get("nvcc_threads") or 0))
+        build.install_build_hooks(req["build_dir"], req.get("pch_root"), [], req.get("narrow_header_dir"))
         t = time.perf_counter()
         module = protocol.build_candidate(req["candidate_src"], req["workdir"])
         wall["load"] = round(time.perf_counter() - t, 3)

@@ -110,26 +110,3 @@ def test_cpp_only_builds_and_a_disabled_narrow_header_are_untouched(recorder, di
     _hooked(dirs)("cpu_ext", "int f() { return 1; }", functions=["f"])
     _hooked(dirs, narrow=False)("cuda_ext", "", cuda_sources=CU)
     assert [(c["name"], c["extra_cuda_cflags"]) for c in calls] == [("cpu_ext", []), ("cuda_ext", [])]
-
-
-def test_nvcc_threads_reach_every_cuda_build_and_the_run_step_repeats_them(recorder, dirs):
-    calls, fail_when = recorder
-    cpp_extension.load_inline = inspect.unwrap(cpp_extension.load_inline)
-    build.install_build_hooks(str(dirs / "b"), None, [], str(dirs / "n"), nvcc_threads=2)
-    cpp_extension.load_inline("ext", "torch::Tensor f(torch::Tensor x);", cuda_sources=CU, functions=["f"],
-                              extra_cuda_cflags=["-O3"])
-    assert calls[-1]["extra_cuda_cflags"] == [f"-I{dirs / 'n'}", "-O3", "--threads=2"]
-    first = calls[-1]
-    # the run step repeats the decision even when its own setting differs
-    _hooked(dirs)("ext", "torch::Tensor f(torch::Tensor x);", cuda_sources=CU, functions=["f"],
-                  extra_cuda_cflags=["-O3"])
-    assert calls[-1] == first
-    # the full-header fallback keeps the flag; a candidate's own -t wins
-    fail_when.append(lambda call: any(f.startswith("-I") for f in call["extra_cuda_cflags"]))
-    cpp_extension.load_inline = inspect.unwrap(cpp_extension.load_inline)
-    build.install_build_hooks(str(dirs / "b"), None, [], str(dirs / "n"), nvcc_threads=2)
-    cpp_extension.load_inline("ext2", "torch::Tensor f(torch::Tensor x);", cuda_sources=CU, functions=["f"])
-    assert calls[-1]["extra_cuda_cflags"] == ["--threads=2"]
-    cpp_extension.load_inline("ext3", "torch::Tensor f(torch::Tensor x);", cuda_sources=CU, functions=["f"],
-                              extra_cuda_cflags=["-t", "4"])
-    assert calls[-1]["extra_cuda_cflags"] == ["-t", "4"]
