@@ -54,7 +54,7 @@ compile)
   fi
   ;;
 build)  # 2026-12-03: a plain torch build took 60.6 s here (--modes torch); 120 s did not reach the narrow rows
-  step cuda_build 400 $py -m bench.cuda_build --modes narrow,narrow_t2 --jobs 4 --out "$res/cuda_build_h200.json"
+  step cuda_build 400 $py -m bench.cuda_build --modes torch,narrow --jobs 4 --out "$res/cuda_build_h200.json"
   ;;
 gpu)
   step trainer 300 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer --preset qwen0.5b \
