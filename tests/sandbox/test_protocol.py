@@ -72,3 +72,18 @@ def test_a_single_bad_element_past_the_first_slice_is_found():
     assert protocol.compare_outputs([ref.clone()], [ref], TOL) is None
     abs_err, rel_err = protocol.max_errors([ref + 1e-6], [ref])
     assert 0 < abs_err < 2e-6 and rel_err > 0
+
+
+def test_outputs_kept_on_the_device_are_copies_too():
+    # the harness keeps the reference's outputs on the GPU for the comparison (to_host=False):
+    # like the host copies, they must not change when the model writes its buffer again
+    buf = torch.zeros(4)
+
+    def model(x):
+        buf.copy_(x)
+        return buf
+
+    for to_host in (True, False):
+        first = protocol.run_once(model, [torch.ones(4)], "cpu", "reference", to_host=to_host)
+        model(torch.full((4,), 7.0))
+        assert torch.equal(first[0], torch.ones(4)), to_host
