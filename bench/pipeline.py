@@ -91,12 +91,13 @@ def main() -> None:
         walls = {r["mode"]: r["wall_s"] for r in earlier["rows"]}
         histories = earlier["history"]
         rows = [summarise(mode, h, walls[mode]) for mode, h in histories.items()]
-    for mode in ([] if args.summarise else args.modes.split(",")):
-        run_dir = Path(args.run_root) / f"{mode}-{int(time.time())}"
-        history, wall = run_mode(mode, overrides, run_dir)
-        histories[mode] = history
-        rows.append(summarise(mode, history, wall))
-        progress("pipeline", rows[-1])
+    else:
+        for mode in args.modes.split(","):
+            run_dir = Path(args.run_root) / f"{mode}-{int(time.time())}"
+            history, wall = run_mode(mode, overrides, run_dir)
+            histories[mode] = history
+            rows.append(summarise(mode, history, wall))
+            progress("pipeline", rows[-1])
     extra: dict[str, Any] = {"overrides": " ".join(overrides)}
     if args.summarise:  # the numbers are the earlier run's, not this machine's
         extra["measured_on"] = earlier["machine"]
