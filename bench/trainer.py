@@ -31,7 +31,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def build_model(arch: dict[str, Any], device: torch.device, attn: str, compile_layers: bool = False) -> torch.nn.Module:
+def build_model(arch: dict[str, Any], device: torch.device, attn: str,
+                compile_layers: bool = False) -> torch.nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -234,7 +235,8 @@ def main() -> None:
     p.add_argument("--attn", default="sdpa")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak used for MFU")
     p.add_argument("--layouts", default="padded,packed")
-    p.add_argument("--compile", action="store_true", help="torch.compile each decoder layer (bench loop only)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile each decoder layer (bench loop only)")
     p.add_argument("--rl-step", action="store_true", help="also time the project's trainer step")
     p.add_argument("--rl-budgets", default="", help="micro-batch token budgets of the rl steps (default --token-budget)")
     p.add_argument("--rl-chunks", default="1024", help="logprob_chunk_tokens of the rl steps (0: full logits)")

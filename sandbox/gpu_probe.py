@@ -7,8 +7,8 @@ never a candidate's) in a real worker under the configured isolation before its 
 if the device does not come up, it tries leaving out each measure of :data:`DROP_ORDER` alone,
 then drops them cumulatively, until it does, and every later GPU run step of that pool uses the
 first level that worked. (The cause on the H200 turned out to be Landlock denying the driver's
-writes to /proc/<pid>/task/<tid>/comm, which the worker now allows: sandbox/worker.py _confine.) Only the probe's
-outcome decides: nothing a candidate does can lower the isolation.
+writes to /proc/<pid>/task/<tid>/comm, which the worker now allows: sandbox/worker.py _confine.)
+Only the probe's outcome decides: nothing a candidate does can lower the isolation.
 """
 from __future__ import annotations
 

@@ -84,7 +84,8 @@ def main() -> int:
     result = _parse_result(raw, status)
     candidate = result.pop("candidate_isolation", None)
     if candidate is not None:  # in a run step, the Landlock that counts is the candidate process's own
-        applied = [m for m in applied if not m.startswith("landlock")] + [m for m in candidate if m.startswith("landlock")]
+        applied = [m for m in applied if not m.startswith("landlock")]
+        applied += [m for m in candidate if m.startswith("landlock")]
     result["isolation"] = sorted(set(applied + result.get("isolation", [])))
     result.setdefault("wall_s", {})["worker_total"] = round(time.monotonic() - t0, 3)
     result["log_tail"] = tail.decode("utf-8", "replace")
