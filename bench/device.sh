@@ -41,13 +41,13 @@ pipeline.main, sandbox.pool, rewards.env; print('imports ok', ray.__version__)" 
 
 case $part in
 compile)
-  step cuda_isolation 90 $py -m bench.cuda_isolation --out "$res/cuda_isolation.json"
+  step cuda_isolation 60 $py -m bench.cuda_isolation --out "$res/cuda_isolation.json"
   # The probe can drop every namespace and Landlock, never the rlimits or the scrubbed environment:
   # if CUDA fails under those alone, no sandboxed GPU run can work; save the device time.
   if $py -c "import json,sys; r={x['row']: x['cuda_ok'] for x in json.load(open('$res/cuda_isolation.json'))['rows']}; sys.exit(0 if r.get('rlimits') else 1)"; then
-    step selfcheck 240 $py -m sandbox.selfcheck --backend cuda --out "$res/selfcheck" \
+    step selfcheck 200 $py -m sandbox.selfcheck --backend cuda --out "$res/selfcheck" \
          --set compile_workers=8 --set max_jobs=2 --set max_concurrent=16
-    step sandbox 280 $py -m bench.sandbox --backend cuda --prime 2 --distinct 16 --max-concurrent 16 \
+    step sandbox 260 $py -m bench.sandbox --backend cuda --prime 2 --distinct 16 --max-concurrent 16 \
          --compile-workers 8 --max-jobs 2 --out "$res/sandbox_cuda.json"
   else
     echo "=== CUDA fails under the rlimits/environment alone: selfcheck and bench.sandbox skipped"
