@@ -7,13 +7,15 @@
 #   bash bench/device.sh recheck   # bench.cuda_isolation, bench.pipeline at 8 steps (one GPU)
 #   bash bench/device.sh stream    # bench.reward_streaming (cuda), bench.sampler (hf)
 #   bash bench/device.sh vllm      # bench.sampler with the vLLM engine (after .vbundle is installed)
+#   bash bench/device.sh evals     # bench.sandbox, bench.reward_streaming (smaller), bench.sampler (hf)
+#   bash bench/device.sh sync      # the GPU weight-sync test, bench.weight_sync (cuda_ipc), the RL step at 32k
 # Needs .devpkgs installed into /tmp/site (bash .devpkgs/install.sh), built on the CPU machine with
 #   EXTRA="verl==0.9.1 codetiming tensordict==0.10.0 pyvers torchdata==0.11.0 pylatexenc dill orjson" \
 #     bash ../shared/tools/device-pkgs.sh
 # (orjson: verl.utils.tracking imports it; the 2026-12-02 run lacked it and the trainer could not start). Every bench has its own time
 # limit, so one that hangs costs only its share; results are re-packed into $OUT after each.
 set -u
-part=${1:?usage: bench/device.sh compile|build|gpu|mfu|stream|recheck|vllm}
+part=${1:?usage: bench/device.sh compile|build|gpu|mfu|stream|recheck|vllm|evals|sync}
 out=${OUT:-/tmp/bench_out}
 res=/tmp/bench_res/$part
 mkdir -p "$res" "$out"
@@ -97,6 +99,22 @@ recheck)  # the 2026-12-03 follow-up: Landlock variants (+ strace where present)
 vllm)
   step sampler_vllm 300 $py -m bench.sampler --engine vllm --preset qwen0.5b --dtype bfloat16 --tasks 8 \
        --trajectories 16 --max-tokens 512 --repeats 2 --gpu-memory-utilization 0.3 --out "$res/sampler_vllm_h200.json"
+  ;;
+evals)  # 2026-12-03, after the device gate: evals/min and the reward tail, then the HF sampler again
+  step sandbox 230 $py -m bench.sandbox --backend cuda --prime 2 --distinct 12 --max-concurrent 16 \
+       --compile-workers 8 --max-jobs 2 --out "$res/sandbox_cuda_gated.json"
+  step reward_streaming 200 $py -m bench.reward_streaming --backend cuda --compiled 3 --cheap 6 \
+       --gen-seconds 20 --max-concurrent 16 --compile-workers 8 --out "$res/reward_streaming_cuda.json"
+  step sampler_hf 110 $py -m bench.sampler --engine hf --preset qwen0.5b --dtype bfloat16 --tasks 4 \
+       --trajectories 8 --max-tokens 128 --repeats 3 --out "$res/sampler_hf_h200.json"
+  ;;
+sync)  # 2026-12-03: flat-bucket cuda_ipc (its GPU test, then the bench), the project's RL step at 32k
+  step gpu_tests 120 $py -m pytest -x -q tests/pipeline/test_gpu_weight_sync.py
+  step weight_sync 100 $py -m bench.weight_sync --preset qwen0.5b --transports cuda_ipc --pushes 6 \
+       --out "$res/weight_sync_h200.json"
+  step trainer_rl 240 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer --preset qwen0.5b \
+       --rows 64 --min-len 256 --max-len 4096 --steps 2 --layouts "" --rl-step --rl-budgets 32768 \
+       --rl-chunks 1024 --prompt-len 512 --out "$res/trainer_rl_h200.json"
   ;;
 *) echo "unknown part $part"; exit 2 ;;
 esac

@@ -268,7 +268,7 @@ def main() -> None:
     padded_tokens = sum(max(m) * len(m) for m in micro_lens)
     peak_measured = matmul_tflops(device)
     rows = []
-    for name in args.layouts.split(","):
+    for name in [x for x in args.layouts.split(",") if x]:  # --layouts "": the rl step alone
         packed = name == "packed"
         micro = [layout(m, arch["vocab_size"], packed, device) for m in micro_lens]
         for _ in range(args.warmup):

@@ -39,6 +39,7 @@ class EvalConfig:
     cache_dir: str | None = MISSING        # null: a directory under the system temp dir
     excessive_speedup: float = MISSING     # speedups above this are flagged for review
     gpu_ids: list[int] = field(default_factory=list)  # empty: every visible GPU
+    cpu_run_slots: int | None = MISSING    # cpu backend: run steps holding the host at once (null: no limit)
     block_network: bool = MISSING          # own network namespace where the OS allows it
     restrict_writes: bool = MISSING        # Landlock: writes only to the evaluation's own dirs
     pid_namespace: bool = MISSING          # own PID namespace: every leftover process dies with it
@@ -73,6 +74,8 @@ def validate(cfg: EvalConfig) -> None:
     for name in ("correctness_trials", "timing_runs", "max_concurrent", "compile_workers", "cpu_threads"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"sandbox.{name}={getattr(cfg, name)}: expected an integer >= 1")
+    if cfg.cpu_run_slots is not None and cfg.cpu_run_slots < 1:
+        raise ValueError(f"sandbox.cpu_run_slots={cfg.cpu_run_slots}: expected null or an integer >= 1")
     for dtype in ("float32", "float16", "bfloat16"):
         if dtype not in cfg.tolerance:
             raise ValueError(f"sandbox.tolerance has no entry for {dtype!r} (has {sorted(cfg.tolerance)})")

@@ -49,6 +49,8 @@ _MARKER = "SANDBOX_EVAL_ID"
 _OVERRIDABLE = ("correctness_trials", "seed", "warmup_runs", "timing_runs", "timing_input_sets",
                 "compile_timeout_s", "run_timeout_s", "memory_limit_bytes", "excessive_speedup",
                 "cpu_threads", "poison_bytes", "gpu_flush_bytes", "cpu_flush_bytes")
+# The worker's result is one JSON line (at most 4 MiB of it is read; sandbox.worker caps it).
+_MAX_LINE = 8 * 1024 * 1024
 # Compile verdicts that depend only on the source: cached with the build.
 _CACHEABLE_FAILURES = ("compile_error", "load_error")
 
@@ -99,6 +101,8 @@ class _StepOutcome:
     killed_for: str | None = None    # "timeout" | "processes" | "memory" when the pool killed it
     detail: str = ""
     wall_s: float = 0.0
+    device: tuple[Any, str] | None = None  # the gate's token this step held: (GPU index, capability)
+    held_s: float | None = None            # how long it held it
 
 
 class EvalPool:
@@ -125,6 +129,7 @@ class EvalPool:
         self._live: set[asyncio.subprocess.Process] = set()
         self._gpus: list[tuple[int, str]] | None = None
         self._free_gpus: asyncio.Queue[tuple[int, str]] | None = None
+        self._cpu_slots: asyncio.Queue[tuple[None, str]] | None = None
         self._torch_version: str | None = None
         self._started = time.monotonic()
         self._stats: Counter[str] = Counter()
@@ -223,64 +228,81 @@ class EvalPool:
                    eval_dir: Path, eval_id: str, on_gpu: bool, ref_ms: float | None) -> EvalResult:
         # a run step killed while torch held its build lock would stall every later load
         await asyncio.to_thread(_remove_stale_batons, self.cache / "builds" / bkey, 120.0)
-        gpu: tuple[int, str] | None = None
-        if on_gpu:
-            assert self._free_gpus is not None
-            gpu = await self._free_gpus.get()
-        try:
-            drop: tuple[str, ...] = ()
-            if cfg.gpu_isolation_probe and self.isolation_probe.applies(backend, on_gpu):
-                drop = (await self._probe(backend, gpu, arch, cfg, eval_dir)).dropped
-            timed = backend == "cpu" or on_gpu
-            req = {"mode": "run", "task_src": ref_src, "candidate_src": cand_src, "backend": backend,
-                   "device": "cuda:0" if on_gpu else "cpu", "trials": cfg.correctness_trials, "seed": cfg.seed,
-                   "warmup": cfg.warmup_runs, "runs": cfg.timing_runs, "input_sets": cfg.timing_input_sets,
-                   "tolerance": {k: dataclasses.asdict(v) for k, v in cfg.tolerance.items()},
-                   "flush_bytes": cfg.gpu_flush_bytes if on_gpu else cfg.cpu_flush_bytes,
-                   "poison_bytes": cfg.poison_bytes, "excessive_speedup": cfg.excessive_speedup,
-                   "cpu_threads": cfg.cpu_threads, "ref_runtime_ms": ref_ms, "timeout_s": cfg.run_timeout_s,
-                   "timed": timed}
-            limit = cfg.run_timeout_s + max(30.0, cfg.run_timeout_s)
-            for attempt in range(cfg.lost_worker_retries + 1):
-                out = await self._step(req, "run", bkey, eval_dir / f"run{attempt}", eval_id, cfg, backend,
-                                       gpu, arch, limit, drop)
-                if out.data is not None or out.killed_for is not None:
-                    break
-                self._stats["lost_workers"] += 1
-            res = self._verdict(out, "run", cfg)
-            res.backend, res.trials = backend, cfg.correctness_trials
-            res.device = f"cuda:{gpu[0]} (sm {gpu[1]})" if gpu else "cpu"
-            if not timed:
-                res.timed, res.speedup, res.new_runtime_ms, res.ref_runtime_ms = False, None, None, None
-            return res
-        finally:
-            if gpu is not None:
-                assert self._free_gpus is not None
-                self._free_gpus.put_nowait(gpu)
+        gate = self._device_gate(on_gpu)
+        drop: tuple[str, ...] = ()
+        if cfg.gpu_isolation_probe and self.isolation_probe.applies(backend, on_gpu):
+            drop = (await self._probe(backend, gate, arch, cfg, eval_dir)).dropped
+        timed = backend == "cpu" or on_gpu
+        req = {"mode": "run", "task_src": ref_src, "candidate_src": cand_src, "backend": backend,
+               "device": "cuda:0" if on_gpu else "cpu", "trials": cfg.correctness_trials, "seed": cfg.seed,
+               "warmup": cfg.warmup_runs, "runs": cfg.timing_runs, "input_sets": cfg.timing_input_sets,
+               "tolerance": {k: dataclasses.asdict(v) for k, v in cfg.tolerance.items()},
+               "flush_bytes": cfg.gpu_flush_bytes if on_gpu else cfg.cpu_flush_bytes,
+               "poison_bytes": cfg.poison_bytes, "excessive_speedup": cfg.excessive_speedup,
+               "cpu_threads": cfg.cpu_threads, "ref_runtime_ms": ref_ms, "timeout_s": cfg.run_timeout_s,
+               "timed": timed}
+        limit = cfg.run_timeout_s + max(30.0, cfg.run_timeout_s)
+        for attempt in range(cfg.lost_worker_retries + 1):
+            out = await self._step(req, "run", bkey, eval_dir / f"run{attempt}", eval_id, cfg, backend,
+                                   None, arch, limit, drop, gate)
+            if out.data is not None or out.killed_for is not None:
+                break
+            self._stats["lost_workers"] += 1
+        res = self._verdict(out, "run", cfg)
+        res.backend, res.trials = backend, cfg.correctness_trials
+        gpu = out.device
+        res.device = f"cuda:{gpu[0]} (sm {gpu[1]})" if on_gpu and gpu else "cpu"
+        if out.held_s is not None:
+            res.wall_s["device_held"] = round(out.held_s, 3)
+        if not timed:
+            res.timed, res.speedup, res.new_runtime_ms, res.ref_runtime_ms = False, None, None, None
+        return res
 
-    async def _probe(self, backend: str, gpu: tuple[int, str] | None, arch: str, cfg: EvalConfig,
+    def _device_gate(self, on_gpu: bool) -> asyncio.Queue | None:
+        """What a run step must hold while candidate code can run: a GPU (timings are not disturbed by
+        a neighbour's kernels), or with ``cpu_run_slots`` a share of the host; None: nothing."""
+        if on_gpu:
+            return self._free_gpus
+        if self.cfg.cpu_run_slots is None:
+            return None
+        if self._cpu_slots is None:
+            self._cpu_slots = asyncio.Queue()
+            for i in range(self.cfg.cpu_run_slots):
+                self._cpu_slots.put_nowait((None, f"host slot {i}"))
+        return self._cpu_slots
+
+    async def _probe(self, backend: str, gate: asyncio.Queue | None, arch: str, cfg: EvalConfig,
                      eval_dir: Path) -> ProbeVerdict:
         """Once per pool, before the first gated run step: the isolation the device survives."""
         async with self._probe_lock:
             if self.probe_verdict is not None:
                 return self.probe_verdict
+            held = await gate.get() if gate is not None else None
+            try:
+                gpu = held if held is not None and held[0] is not None else None
+                return await self._probe_holding(backend, gpu, arch, cfg, eval_dir)
+            finally:
+                if held is not None:
+                    gate.put_nowait(held)  # type: ignore[union-attr]
 
-            async def run(dropped: tuple[str, ...]) -> tuple[bool, str, list[str] | None]:
-                req = {"mode": "probe", "probe_src": self.isolation_probe.src, "backend": backend,
-                       "device": "cuda:0" if gpu else "cpu", "trials": 0, "cpu_threads": cfg.cpu_threads}
-                workdir = eval_dir / f"probe-{'-'.join(dropped) or 'full'}"
-                self._stats["isolation_probe_runs"] += 1
-                out = await self._step(req, "probe", "isolation_probe", workdir, "isolation-probe", cfg,
-                                       backend, gpu, arch, 120.0, dropped)
-                if out.data is None:
-                    return False, f"probe worker lost ({out.killed_for or out.detail})", None
-                err = out.data.get("error", "") + (f" | log: {out.data['log_tail'][-300:]}"
-                                                   if out.data.get("log_tail") else "")
-                return bool(out.data.get("probe_ok")), err, list(out.data.get("isolation", []))
+    async def _probe_holding(self, backend: str, gpu: tuple[int, str] | None, arch: str, cfg: EvalConfig,
+                             eval_dir: Path) -> ProbeVerdict:
+        async def run(dropped: tuple[str, ...]) -> tuple[bool, str, list[str] | None]:
+            req = {"mode": "probe", "probe_src": self.isolation_probe.src, "backend": backend,
+                   "device": "cuda:0" if gpu else "cpu", "trials": 0, "cpu_threads": cfg.cpu_threads}
+            workdir = eval_dir / f"probe-{'-'.join(dropped) or 'full'}"
+            self._stats["isolation_probe_runs"] += 1
+            out = await self._step(req, "probe", "isolation_probe", workdir, "isolation-probe", cfg,
+                                   backend, gpu, arch, 120.0, dropped)
+            if out.data is None:
+                return False, f"probe worker lost ({out.killed_for or out.detail})", None
+            err = out.data.get("error", "") + (f" | log: {out.data['log_tail'][-300:]}"
+                                               if out.data.get("log_tail") else "")
+            return bool(out.data.get("probe_ok")), err, list(out.data.get("isolation", []))
 
-            self.probe_verdict = await choose_isolation(run)
-            self._stats["isolation_dropped"] = len(self.probe_verdict.dropped)
-            return self.probe_verdict
+        self.probe_verdict = await choose_isolation(run)
+        self._stats["isolation_dropped"] = len(self.probe_verdict.dropped)
+        return self.probe_verdict
 
     def _verdict(self, out: _StepOutcome, mode: str, cfg: EvalConfig) -> EvalResult:
         if out.killed_for == "timeout":
@@ -387,7 +409,9 @@ class EvalPool:
 
     async def _step(self, req: dict[str, Any], mode: str, bkey: str, workdir: Path, eval_id: str,
                     cfg: EvalConfig, backend: str, gpu: tuple[int, str] | None, arch: str,
-                    limit_s: float, drop: tuple[str, ...] = ()) -> _StepOutcome:
+                    limit_s: float, drop: tuple[str, ...] = (), gate: asyncio.Queue | None = None) -> _StepOutcome:
+        """One worker process. With a ``gate`` the worker prepares first and the device is taken only
+        when it says it is ready; ``limit_s`` counts from then (and bounds the preparation too)."""
         build_dir = self.cache / "builds" / bkey
         build_dir.mkdir(parents=True, exist_ok=True)
         (workdir / "tmp").mkdir(parents=True, exist_ok=True)
@@ -400,13 +424,15 @@ class EvalPool:
                           "open_files": cfg.max_open_files, "processes": cfg.max_processes,
                           "cpu_s": cfg.cpu_time_limit_s, "file_size_bytes": cfg.max_file_size_bytes},
                "isolation": {"network": cfg.block_network, "writes": cfg.restrict_writes,
-                             "pids": cfg.pid_namespace, "drop": list(drop)}}
+                             "pids": cfg.pid_namespace, "drop": list(drop)},
+               "gated": gate is not None}
         marker = f"{eval_id}-{mode}-{uuid.uuid4().hex[:6]}"
         extra = {"HOME": str(workdir), "TMPDIR": str(workdir / "tmp"), "TORCH_EXTENSIONS_DIR": str(build_dir),
                  "MAX_JOBS": str(cfg.max_jobs), "OMP_NUM_THREADS": str(cfg.cpu_threads),
                  "MKL_NUM_THREADS": str(cfg.cpu_threads), "PYTHONDONTWRITEBYTECODE": "1",
                  "PYTHONNOUSERSITE": "1", "PYTHONPATH": _PROJECT_ROOT, "TRITON_CACHE_DIR": str(build_dir / "triton"),
-                 # nvidia-smi numbers GPUs in PCI order; make CUDA agree
+                 # nvidia-smi numbers GPUs in PCI order; make CUDA agree. A gated step sees none
+                 # until the pool grants it one.
                  "CUDA_VISIBLE_DEVICES": str(gpu[0]) if gpu else "", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
                  _MARKER: marker}
         if arch:
@@ -418,32 +444,58 @@ class EvalPool:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "sandbox.worker", stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(workdir),
-                env=scrubbed_env(extra), start_new_session=True)
+                env=scrubbed_env(extra), start_new_session=True, limit=_MAX_LINE)
         except OSError as exc:
             return _StepOutcome(None, detail=f"could not start the worker: {exc}")
         self._live.add(proc)
         watch: dict[str, str] = {}
         watchdog = asyncio.ensure_future(self._watch(proc, cfg, use_as, watch))
+        stderr_task = asyncio.ensure_future(proc.stderr.read())  # type: ignore[union-attr]
+        held: tuple[Any, str] | None = None
+        t_held = 0.0
+        last = b""
         try:
-            stdout, stderr = await asyncio.wait_for(proc.communicate(json.dumps(req).encode()), timeout=limit_s)
+            await _send_line(proc, req, close=gate is None)
+            deadline = time.monotonic() + limit_s
+            while True:
+                line = await asyncio.wait_for(proc.stdout.readline(),  # type: ignore[union-attr]
+                                              timeout=max(0.0, deadline - time.monotonic()))
+                if not line:
+                    break
+                if gate is not None and held is None and line.startswith(b'{"ready"'):
+                    held = await gate.get()  # waiting for the device is not the candidate's time
+                    t_held = deadline = time.monotonic()
+                    deadline += limit_s
+                    await _send_line(proc, {"device": held[0]}, close=True)
+                    continue
+                last = line
         except asyncio.TimeoutError:
             watch.setdefault("reason", "timeout")
-            stdout, stderr = b"", b""
+        except (BrokenPipeError, ConnectionResetError, ValueError):
+            pass  # the worker died (or wrote an endless line): no verdict, reported below
         finally:
             watchdog.cancel()
             self._kill_group(proc)
             await asyncio.to_thread(_sweep_marker, marker)
+            if held is not None:
+                gate.put_nowait(held)  # type: ignore[union-attr]
+            try:
+                stderr = await asyncio.wait_for(stderr_task, timeout=5.0)
+                await asyncio.wait_for(proc.wait(), timeout=5.0)
+            except asyncio.TimeoutError:
+                stderr_task.cancel()
+                stderr = b""
             self._live.discard(proc)
             _release_transport(proc)
-        wall = time.monotonic() - t0
+        now = time.monotonic()
+        extra_out = {"wall_s": now - t0, "device": held, "held_s": now - t_held if held is not None else None}
         if "reason" in watch:
-            return _StepOutcome(None, killed_for=watch["reason"], detail=watch.get("detail", ""), wall_s=wall)
+            return _StepOutcome(None, killed_for=watch["reason"], detail=watch.get("detail", ""), **extra_out)
         try:
-            line = stdout.decode("utf-8", "replace").strip().splitlines()[-1]
-            return _StepOutcome(json.loads(line), wall_s=wall)
-        except (IndexError, json.JSONDecodeError):
+            return _StepOutcome(json.loads(last), **extra_out)
+        except json.JSONDecodeError:
             detail = f"worker exit code {proc.returncode}; stderr: {stderr.decode('utf-8', 'replace')[-500:]}"
-            return _StepOutcome(None, detail=detail, wall_s=wall)
+            return _StepOutcome(None, detail=detail, **extra_out)
 
     async def _watch(self, proc: asyncio.subprocess.Process, cfg: EvalConfig, rlimit_as: bool,
                      watch: dict[str, str]) -> None:
@@ -504,6 +556,14 @@ class EvalPool:
     def _store_ref_ms(self, tkey: str, ms: float) -> None:
         self._ref_ms[tkey] = ms
         (self.cache / "refs" / f"{tkey}.json").write_text(json.dumps({"ref_runtime_ms": ms}))
+
+
+async def _send_line(proc: asyncio.subprocess.Process, obj: Any, close: bool) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps(obj).encode() + b"\n")
+    await proc.stdin.drain()
+    if close:
+        proc.stdin.close()
 
 
 def _needs_compile_step(src: str) -> bool:

@@ -33,7 +33,8 @@ _MAX_RESULT_BYTES = 4 * 1024 * 1024
 
 
 def main() -> int:
-    req = json.loads(sys.stdin.read())
+    # one line: the pool keeps stdin open to answer a gated run step's wait for its device
+    req = json.loads(sys.stdin.buffer.readline())
     t0 = time.monotonic()
     workdir = req["workdir"]
     os.chdir(workdir)
@@ -63,13 +64,15 @@ def main() -> int:
         inner += _confine(req, scope=req["mode"] != "run", proc_all=req["mode"] == "run")
         _write_all(conf_w, json.dumps(inner).encode())
         os.close(conf_w)
+        # the pool's pipes, kept by the harness alone to ask for the device (never the candidate's)
+        gate = _Gate(os.dup(0), os.dup(1)) if req.get("gated") else None
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(log_w, 1)
         os.dup2(log_w, 2)
         os.close(log_w)
         try:
-            result = harness(req, res_w)
+            result = harness(req, res_w, gate)
         except BaseException as exc:  # noqa: BLE001 - the outer process must always get a verdict
             result = {"stage": "load", "error_kind": "sandbox_error", "error": f"harness failed: {exc!r}"}
         _write_all(res_w, json.dumps(result).encode())
@@ -169,7 +172,35 @@ def describe_status(status: int) -> str:
 
 # --- harness ------------------------------------------------------------------------------------
 
-def harness(req: dict[str, Any], res_fd: int) -> dict[str, Any]:
+class _Gate:
+    """A gated run step prepares (imports, task, isolation) before the pool gives it the device,
+    then waits for the pool's word: its device is held only while candidate code can run."""
+
+    def __init__(self, rfd: int, wfd: int):
+        self.chan = _Channel(rfd, wfd)
+
+    def wait(self) -> float:
+        """Seconds spent waiting; the granted device becomes the only visible one."""
+        t = time.monotonic()
+        self.chan.send({"ready": True})
+        grant = self.chan.recv(None)
+        if grant.get("device") is not None:  # before CUDA starts: it reads this once, at init
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(grant["device"])
+        self.close()
+        return time.monotonic() - t
+
+    def close(self) -> None:
+        for fd in (self.chan.rfd, self.chan.wfd):
+            try:
+                os.close(fd)  # type: ignore[arg-type]
+            except OSError:
+                pass
+
+
+def harness(req: dict[str, Any], res_fd: int, gate: _Gate | None = None) -> dict[str, Any]:
+    if gate is not None and req["mode"] != "run":
+        gate.close()
+        gate = None
     if req["mode"] == "probe":
         return _probe_step(req["probe_src"])
     import torch
@@ -182,7 +213,7 @@ def harness(req: dict[str, Any], res_fd: int) -> dict[str, Any]:
     try:
         if req["mode"] == "compile":
             return {**base, **_compile_step(req)}
-        return {**base, **_run_step(req, res_fd)}
+        return {**base, **_run_step(req, res_fd, gate)}
     except protocol.StepError as exc:
         return {**base, "stage": exc.stage, "error_kind": exc.kind, "error": exc.message}
 
@@ -245,11 +276,12 @@ class _Channel:
         return json.loads(line)
 
 
-def _run_step(req: dict[str, Any], res_fd: int) -> dict[str, Any]:
+def _run_step(req: dict[str, Any], res_fd: int, gate: _Gate | None = None) -> dict[str, Any]:
     from sandbox import protocol
 
     workdir = Path(req["workdir"])
     task = protocol.load_task(req["task_src"], workdir)
+    waited = gate.wait() if gate is not None else None
     to_harness_r, to_harness_w = os.pipe()
     to_cand_r, to_cand_w = os.pipe()
     pid = os.fork()
@@ -263,18 +295,26 @@ def _run_step(req: dict[str, Any], res_fd: int) -> dict[str, Any]:
     os.close(to_cand_r)
     chan = _Channel(to_harness_r, to_cand_w)
     deadline = time.monotonic() + float(req["timeout_s"])
-    result: dict[str, Any] = {"stage": "correctness", "compiled": False}
+    result: dict[str, Any] = {"stage": "correctness", "compiled": False, "wall_s": {}}
+    if waited is not None:
+        result["wall_s"]["device_wait"] = round(waited, 3)
     try:
         # sent before any candidate code ran in that process, so the candidate cannot forge it
         result["candidate_isolation"] = list(_await(chan, deadline, pid, "load").get("isolation", []))
+        # the reference outputs while the candidate computes its own: trusted work off the serial path
+        t = time.perf_counter()
+        references = _reference_outputs(req, task)
+        result["wall_s"]["reference"] = round(time.perf_counter() - t, 3)
         msg = _await(chan, deadline, pid, "correctness")
-        result["wall_s"] = dict(msg.get("wall_s", {}))
+        result["wall_s"].update(msg.get("wall_s", {}))
         if not msg.get("ok"):
-            result.update(stage=msg["stage"], error_kind=msg["kind"], error=msg["error"],
-                          compiled=msg["stage"] not in ("load", "compile"))
+            stage = str(msg.get("stage", "correctness"))
+            result.update(stage=stage, error_kind=str(msg.get("kind", "runtime_error")),
+                          error=str(msg.get("error", "the candidate process reported a failure")),
+                          compiled=stage not in ("load", "compile"))
             return result
         result["compiled"] = True
-        verdict = _check(req, task, workdir / "candidate_outputs.pt")
+        verdict = _check(req, references, workdir / "candidate_outputs.pt")
         result["wall_s"]["check"] = verdict.pop("wall_s_check", 0.0)
         result.update(verdict)
         if not verdict["correct"] or not req["timed"]:
@@ -285,10 +325,15 @@ def _run_step(req: dict[str, Any], res_fd: int) -> dict[str, Any]:
         result["stage"] = "timing"
         msg = _await(chan, deadline, pid, "timing")
         if not msg.get("ok"):
-            result.update(correct=False, error_kind=msg["kind"], error=msg["error"])
+            result.update(correct=False, error_kind=str(msg.get("kind", "runtime_error")),
+                          error=str(msg.get("error", "the candidate process reported a failure")))
             return result
-        result["wall_s"]["timing"] = msg["wall_s"]["timing"]
-        new_ms = protocol.median_ms(msg["times"])
+        times = msg.get("times")
+        if not isinstance(times, list) or not times or not all(isinstance(x, (int, float)) for x in times):
+            # a forged message (the channel is the candidate's too): never a sandbox error
+            raise _CandidateLost("runtime_error", "the candidate process sent malformed timings", "timing")
+        result["wall_s"]["timing"] = (msg.get("wall_s") or {}).get("timing")
+        new_ms = protocol.median_ms(times)
         _reap(pid)
         _kill_leftovers()
         ref_ms = req.get("ref_runtime_ms")
@@ -387,8 +432,32 @@ def _kill(pid: int) -> None:
         pass
 
 
-def _check(req: dict[str, Any], task: Any, outputs_path: Path) -> dict[str, Any]:
-    """Reference on the same seeded inputs, in this (clean) process; compare trial by trial."""
+def _reference_outputs(req: dict[str, Any], task: Any) -> list[list[Any]]:
+    """The reference's outputs for every trial's seeded inputs, computed in this clean process and
+    kept where they were computed (on a GPU the comparison runs there: on the host it was most of a
+    check, ~30 s on the H200)."""
+    from sandbox import protocol
+
+    device, seed = req["device"], int(req["seed"])
+    try:
+        ref_model = protocol.make_model(task.Model, task, seed, device)
+    except Exception as exc:  # noqa: BLE001
+        raise protocol.StepError("reference_error", f"Model(): {protocol.describe_exception(exc)}", "correctness")
+    refs = []
+    for i in range(int(req["trials"])):
+        inputs = protocol.make_inputs(task, seed + 1 + i, device)
+        try:
+            refs.append(protocol.run_once(ref_model, inputs, device, "reference",
+                                          to_host=not device.startswith("cuda")))
+        except Exception as exc:  # noqa: BLE001
+            raise protocol.StepError("reference_error", f"reference forward: {protocol.describe_exception(exc)}",
+                                     "correctness")
+        del inputs
+    return refs
+
+
+def _check(req: dict[str, Any], references: list[list[Any]], outputs_path: Path) -> dict[str, Any]:
+    """Compare the candidate's saved outputs with the reference's, trial by trial."""
     import torch
 
     from sandbox import protocol
@@ -399,27 +468,15 @@ def _check(req: dict[str, Any], task: Any, outputs_path: Path) -> dict[str, Any]
     except Exception as exc:  # noqa: BLE001 - the candidate process wrote (or failed to write) it
         return {"correct": False, "error_kind": "runtime_error",
                 "error": f"candidate outputs unreadable: {protocol.describe_exception(exc, 300)}"}
-    device, seed, trials = req["device"], int(req["seed"]), int(req["trials"])
-    on_gpu = device.startswith("cuda")
+    device, trials = req["device"], int(req["trials"])
     if not isinstance(outputs, list) or len(outputs) != trials:
         return {"correct": False, "error_kind": "runtime_error", "error": "candidate outputs incomplete"}
-    try:
-        ref_model = protocol.make_model(task.Model, task, seed, device)
-    except Exception as exc:  # noqa: BLE001
-        raise protocol.StepError("reference_error", f"Model(): {protocol.describe_exception(exc)}", "correctness")
     worst_abs = worst_rel = 0.0
-    for i in range(trials):
-        inputs = protocol.make_inputs(task, seed + 1 + i, device)
-        try:
-            # on a GPU the comparison runs there: on the host it was most of a check (~30 s on the H200)
-            ref = protocol.run_once(ref_model, inputs, device, "reference", to_host=not on_gpu)
-        except Exception as exc:  # noqa: BLE001
-            raise protocol.StepError("reference_error", f"reference forward: {protocol.describe_exception(exc)}",
-                                     "correctness")
+    for i, ref in enumerate(references):
         new = outputs[i]
         if not isinstance(new, list) or not all(isinstance(x, torch.Tensor) for x in new):
             return {"correct": False, "error_kind": "runtime_error", "error": "candidate outputs malformed"}
-        if on_gpu:
+        if device.startswith("cuda"):
             new = [x.to(device) for x in new]
         bad = protocol.compare_outputs(new, ref, req["tolerance"])
         if bad is not None:
