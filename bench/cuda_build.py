@@ -1,6 +1,7 @@
 """Cold build cost of a KernelBench-style CUDA ``load_inline``, object by object, under the ways the
 sandbox can build it: torch's plain build, with the precompiled torch/extension.h for main.cpp,
-and with that plus the narrow header nvcc sees for torch/extension.h (sandbox/build.py).
+and with that plus the narrow headers nvcc tries first (sandbox/build.py: the "min" tier for
+torch/types.h, then torch/types.h alone; the row's ``header_tier`` says which one built).
 
 Each build is a fresh process and a fresh extensions dir, through the sandbox's own
 ``install_build_hooks`` and ``protocol.build_candidate`` (what a compile step runs, minus the
@@ -62,7 +63,10 @@ def ninja_times(ext_dir: Path) -> dict[str, float]:
             start_ms, end_ms, _, target, *_ = line.split("\t")
             key = {"main.o": "main_cpp_s", "cuda.cuda.o": "cuda_cu_s"}.get(target, "link_s")
             out[key] = out.get(key, 0.0) + (int(end_ms) - int(start_ms)) / 1000
-    out["full_header_fallback"] = any(d.name.endswith(FULL_HEADER_SUFFIX) for d in ext_dir.iterdir())
+    names = [d.name for d in ext_dir.iterdir()]
+    # which header tier the build ended on (sandbox/build.py tries "min", then "types", then the real one)
+    out["header_tier"] = ("full" if any(n.endswith(FULL_HEADER_SUFFIX) for n in names) else
+                          "types" if any(n.endswith("_typeshdr") for n in names) else "min")
     return out
 
 

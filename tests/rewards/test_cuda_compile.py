@@ -52,8 +52,8 @@ def test_cuda_solutions_compile_with_nvcc(tmp_path: Path):
     shim.mkdir(parents=True)
     (shim / "cuda_cmake_macros.h").write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
     includes = [f"-I{p}" for p in [*include_paths(), sysconfig.get_paths()["include"]]]
-    # as the sandbox builds them first: torch/extension.h resolves to the narrow header
-    narrow = write_narrow_header(tmp_path / "narrow")
+    # as the sandbox builds them first: torch/types.h and torch/extension.h resolve to the "min" tier
+    narrow = write_narrow_header(tmp_path / "narrow") / "min"
     cmd = ["nvcc", "-c", "-std=c++17", "-O3", "-arch=sm_90", "-Xcompiler", "-fPIC", "-DTORCH_EXTENSION_NAME=all",
            f"-I{narrow}", f"-I{tmp_path / 'shim'}", *includes, str(tmp_path / "all.cu"), "-o", str(tmp_path / "all.o")]
     start = time.monotonic()

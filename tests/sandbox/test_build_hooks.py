@@ -51,10 +51,12 @@ def test_narrow_header_dir_comes_first_and_the_run_step_repeats_the_same_build(r
     calls, _ = recorder
     _hooked(dirs)("ext", "torch::Tensor f(torch::Tensor x);", cuda_sources=CU, functions=["f"],
                   extra_cuda_cflags=["-O3"])
-    assert calls[-1]["extra_cuda_cflags"] == [f"-I{dirs / 'n'}", "-O3"] and calls[-1]["name"] == "ext"
-    assert (dirs / "n" / "torch" / "extension.h").read_text() == build.NARROW_EXTENSION_H
+    assert calls[-1]["extra_cuda_cflags"] == [f"-I{dirs / 'n' / 'min'}", "-O3"] and calls[-1]["name"] == "ext"
+    assert (dirs / "n" / "min" / "torch" / "extension.h").read_text() == build.NARROW_EXTENSION_H
+    assert (dirs / "n" / "min" / "torch" / "types.h").read_text() == build.MIN_TYPES_H
+    assert not (dirs / "n" / "types" / "torch" / "types.h").exists()  # that tier is torch's own types.h
     decision = json.loads((dirs / "b" / "ext.pch.json").read_text())
-    assert decision["narrow_cuda_header"] == str(dirs / "n")
+    assert decision["narrow_cuda_header"] == str(dirs / "n" / "min")
     first = calls[-1]
     # the run step: a fresh wrapper reading the decision file, even without the dir passed again
     _hooked(dirs, narrow=False)("ext", "torch::Tensor f(torch::Tensor x);", cuda_sources=CU, functions=["f"],
@@ -66,11 +68,22 @@ def test_a_build_the_narrow_header_cannot_satisfy_is_built_as_written_under_its_
     calls, fail_when = recorder
     fail_when.append(lambda c: any(f.startswith("-I") for f in c["extra_cuda_cflags"]))
     out = _hooked(dirs)("ext", "", cuda_sources=CU, extra_cuda_cflags=["-O3"])
-    assert [c["name"] for c in calls] == ["ext", "ext" + build.FULL_HEADER_SUFFIX]
+    assert [c["name"] for c in calls] == ["ext", "ext_typeshdr", "ext" + build.FULL_HEADER_SUFFIX]
+    assert calls[1]["extra_cuda_cflags"] == [f"-I{dirs / 'n' / 'types'}", "-O3"]
     assert out["extra_cuda_cflags"] == ["-O3"]
     n = len(calls)
     _hooked(dirs)("ext", "", cuda_sources=CU, extra_cuda_cflags=["-O3"])
     assert len(calls) == n + 1 and calls[-1] == calls[n - 1]  # straight to the full-header build
+
+
+def test_a_build_the_min_tier_cannot_satisfy_gets_torch_types_h_and_keeps_it(recorder, dirs):
+    calls, fail_when = recorder
+    fail_when.append(lambda c: f"-I{dirs / 'n' / 'min'}" in c["extra_cuda_cflags"])
+    out = _hooked(dirs)("ext", "", cuda_sources=CU)
+    assert [c["name"] for c in calls] == ["ext", "ext_typeshdr"]
+    assert out["extra_cuda_cflags"] == [f"-I{dirs / 'n' / 'types'}"]
+    _hooked(dirs, narrow=False)("ext", "", cuda_sources=CU)
+    assert calls[-1] == calls[1]  # the run step repeats the build that worked
 
 
 def test_a_failure_after_the_cu_compiled_is_not_retried(recorder, dirs, monkeypatch):
@@ -95,7 +108,7 @@ def test_a_genuine_error_is_the_real_headers_error(recorder, dirs):
     fail_when.append(lambda c: True)
     with pytest.raises(RuntimeError, match="ext" + build.FULL_HEADER_SUFFIX):
         _hooked(dirs)("ext", "", cuda_sources="this is not CUDA")
-    assert len(calls) == 2
+    assert len(calls) == 3
 
 
 @pytest.mark.parametrize("text", ["PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}", "torch::nn::Linear l(1, 1);"])
