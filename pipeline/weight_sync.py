@@ -2,12 +2,13 @@
 
 * ``object_store`` (CPU, or anything): trainer rank 0 gathers the full HF-named state dict, puts
   it in the Ray object store once as buckets; every sampler fetches the same objects.
-* ``cuda_ipc`` (sampler and trainer on the same GPU): rank 0 keeps each bucket on the GPU and
-  sends CUDA IPC handles (``torch.multiprocessing.reductions.reduce_tensor``); the sampler maps
-  the same memory and copies it into its engine: no host round trip.
+* ``cuda_ipc`` (sampler and trainer on the same GPU): rank 0 packs each bucket into one flat GPU
+  buffer per dtype and sends one CUDA IPC handle per buffer
+  (``torch.multiprocessing.reductions.reduce_tensor``) with the layout of the tensors in it; the
+  sampler maps the buffers and copies views of them into its engine: no host round trip.
 * ``broadcast`` (separate GPUs / nodes): a process group of its own (TCPStore + NCCL, or gloo on
-  CPU) joining trainer rank 0 (rank 0 of that group) and every sampler worker; each bucket is one
-  flat tensor broadcast from rank 0.
+  CPU) joining trainer rank 0 (rank 0 of that group) and every sampler worker; each flat buffer
+  (one per bucket and dtype, as for ``cuda_ipc``) is broadcast from rank 0.
 
 Trainer side: functions taking a :class:`~pipeline.trainer.worker.TrainerWorker` (called inside
 the actor through ``TrainerWorker.run(name, ...)``). Sampler side: :class:`WeightReceiver` turns
@@ -20,7 +21,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -28,6 +29,10 @@ TRANSPORTS = ("auto", "object_store", "cuda_ipc", "broadcast")
 
 
 # ---- payloads (plain data: they cross Ray) --------------------------------------------------
+# Each tensor starts 16-byte aligned in its flat buffer, so copies out of the views stay vectorised.
+_ALIGN_BYTES = 16
+
+
 @dataclass
 class ObjectStoreWeights:
     version: int
@@ -35,17 +40,33 @@ class ObjectStoreWeights:
 
 
 @dataclass
+class FlatLayout:
+    """Where the tensors of one dtype of a bucket lie in one flat buffer (offsets in elements)."""
+    dtype: str
+    numel: int = 0
+    # (name, shape, offset), in buffer order
+    tensors: list[tuple[str, tuple[int, ...], int]] = field(default_factory=list)
+
+    def empty(self, device: torch.device) -> torch.Tensor:
+        return torch.empty(self.numel, dtype=getattr(torch, self.dtype), device=device)
+
+    def views(self, flat: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+        """The named tensors as views of ``flat``: no copy."""
+        for name, shape, offset in self.tensors:
+            yield name, flat[offset:offset + _numel(shape)].view(shape)
+
+
+@dataclass
 class CudaIpcWeights:
     version: int
-    handles: list[tuple[str, Any, tuple]]  # (name, rebuild function, its args)
+    buffers: list[tuple[FlatLayout, Any, tuple]]  # per flat buffer: layout, rebuild fn, its args
     device_uuid: str                     # the GPU the memory lives on
 
 
 @dataclass
 class BroadcastWeights:
     version: int
-    # per bucket: dtype name and [(name, shape)] in flat order
-    buckets: list[tuple[str, list[tuple[str, tuple[int, ...]]]]] = field(default_factory=list)
+    buffers: list[FlatLayout] = field(default_factory=list)  # in broadcast order
 
 
 def choose_transport(name: str, colocated: bool, on_gpu: bool, shared_gpus: int = 1) -> str:
@@ -63,6 +84,43 @@ def choose_transport(name: str, colocated: bool, on_gpu: bool, shared_gpus: int 
     return "broadcast"
 
 
+# ---- flat buffers (cuda_ipc and broadcast) ---------------------------------------------------
+def flat_layouts(bucket: list[tuple[str, torch.Tensor]]) -> list[FlatLayout]:
+    """One layout per dtype of the bucket, in first-seen order, so non-float tensors keep their
+    dtype. Reads shapes and dtypes only: meta tensors and DTensors (global shape) do."""
+    by_dtype: dict[torch.dtype, FlatLayout] = {}
+    for name, t in bucket:
+        layout = by_dtype.setdefault(t.dtype, FlatLayout(str(t.dtype).removeprefix("torch.")))
+        align = max(1, _ALIGN_BYTES // t.element_size())
+        offset = -(-layout.numel // align) * align
+        layout.tensors.append((name, tuple(t.shape), offset))
+        layout.numel = offset + t.numel()
+    return list(by_dtype.values())
+
+
+@torch.no_grad()  # a parameter copied in would make the buffer part of the autograd graph
+def pack(layouts: list[FlatLayout], tensor_of: Callable[[str], torch.Tensor],
+         device: torch.device) -> list[torch.Tensor]:
+    """A new flat buffer per layout, each named tensor copied (and cast) into its slice.
+    ``tensor_of`` is asked for one name at a time: besides the buffers, only the tensor being
+    copied is materialised (for a sharded model, one gathered tensor)."""
+    flats = []
+    for layout in layouts:
+        flat = layout.empty(device)
+        for name, view in layout.views(flat):
+            view.copy_(tensor_of(name))
+        flats.append(flat)
+    return flats
+
+
+def plan_buckets(worker: Any, sd: dict[str, torch.Tensor]) -> list[list[FlatLayout]]:
+    """``worker.buckets`` (the object store's split by ``weight_bucket_mb``, in the export
+    dtype) applied to meta stand-ins of ``sd``: sizing and casting them costs nothing, and a
+    sharded state dict is planned at its full shapes without gathering."""
+    meta = {name: torch.empty(t.shape, dtype=t.dtype, device="meta") for name, t in sd.items()}
+    return [flat_layouts(bucket) for bucket in worker.buckets(meta)]
+
+
 # ---- trainer side ---------------------------------------------------------------------------
 def _device_uuid() -> str:
     return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
@@ -72,49 +130,44 @@ def ipc_prepare(worker: Any) -> int:
     """All ranks: plan the buckets from the (sharded) state dict, without gathering anything.
     Returns the bucket count; ``ipc_bucket`` then materialises one bucket at a time, so the GPU
     the pools share never holds a second full copy of the model."""
-    limit = worker.cfg.weight_bucket_mb * 2**20
-    size = torch.tensor([], dtype=worker.export_dtype()).element_size()
-    layout: list[list[str]] = [[]]
-    used = 0
-    for name, t in worker.model.state_dict().items():
-        nbytes = t.numel() * (size if t.is_floating_point() else t.element_size())
-        if layout[-1] and used + nbytes > limit:
-            layout.append([])
-            used = 0
-        layout[-1].append(name)
-        used += nbytes
-    worker._ipc_layout, worker._ipc_live = layout, []
-    return len(layout)
+    worker._ipc_sd = worker.model.state_dict()
+    worker._ipc_plan, worker._ipc_live = plan_buckets(worker, worker._ipc_sd), []
+    return len(worker._ipc_plan)
 
 
 def ipc_bucket(worker: Any, i: int, version: int) -> CudaIpcWeights | None:
-    """All ranks (each full tensor is an all-gather): bucket i on the GPU; rank 0 returns its
-    IPC handles. The tensors stay referenced until the next bucket replaces them."""
-    from torch.distributed.tensor import DTensor
+    """All ranks (with several, each full tensor is an all-gather): bucket i packed into one flat
+    GPU buffer per dtype; rank 0 returns one IPC handle per buffer. The buffers stay referenced until the next
+    bucket or ``ipc_release``."""
     from torch.multiprocessing.reductions import reduce_tensor
 
-    sd = worker.model.state_dict()
-    dtype = worker.export_dtype()
-    live = []
-    for name in worker._ipc_layout[i]:
-        t = sd[name]
-        t = t.full_tensor() if isinstance(t, DTensor) else t
-        t = t.detach().to(device=worker.device, dtype=dtype if t.is_floating_point() else t.dtype)
-        live.append((name, t.contiguous()))
-    worker._ipc_live = live
+    # Drop the previous bucket before packing this one, so the GPU holds one bucket, not two.
+    # Safe: ``push`` asks for bucket i only once the samplers have loaded bucket i-1, and torch
+    # keeps memory a receiver still maps out of reuse until the receiver lets go of it.
+    worker._ipc_live = []
+    layouts = worker._ipc_plan[i]
+    worker._ipc_live = pack(layouts, lambda name: _full(worker._ipc_sd[name]), worker.device)
     if worker.rank != 0:
         return None
-    handles = []
-    for name, t in live:
-        fn, args = reduce_tensor(t)
-        handles.append((name, fn, args))
-    return CudaIpcWeights(version, handles, _device_uuid())
+    buffers = [(layout, *reduce_tensor(flat)) for layout, flat in zip(layouts, worker._ipc_live)]
+    return CudaIpcWeights(version, buffers, _device_uuid())
 
 
 def ipc_release(worker: Any) -> None:
-    worker._ipc_live = []
+    worker._ipc_live, worker._ipc_sd = [], None
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A state-dict entry as one whole tensor: a DTensor is gathered from every rank, except on a
+    one-device mesh, where the local shard already is the whole tensor and ``full_tensor()``
+    would only add a collective and DTensor's dispatch to each of a model's ~300 entries."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(t, DTensor):
+        return t
+    return t.to_local() if t.device_mesh.size() == 1 else t.full_tensor()
 
 
 def broadcast_init(worker: Any, host: str, port: int, world_size: int, timeout_s: float) -> None:
@@ -124,7 +177,7 @@ def broadcast_init(worker: Any, host: str, port: int, world_size: int, timeout_s
 
 
 def broadcast_prepare(worker: Any, version: int) -> BroadcastWeights | None:
-    """All ranks: gather. Rank 0 flattens the buckets and returns their layout."""
+    """All ranks: gather. Rank 0 packs the buckets into flat buffers and returns their layouts."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     on_gpu = worker.device.type == "cuda"
@@ -132,19 +185,9 @@ def broadcast_prepare(worker: Any, version: int) -> BroadcastWeights | None:
         full_state_dict=True, cpu_offload=not on_gpu))
     if worker.rank != 0:
         return None
-    flats, meta = [], BroadcastWeights(version)
-    for bucket in worker.buckets(sd):
-        dtype = bucket[0][1].dtype
-        layout = [(n, tuple(t.shape)) for n, t in bucket]
-        if any(t.dtype != dtype for _, t in bucket):  # mixed dtypes: one tensor per bucket
-            for n, t in bucket:
-                flats.append(t.reshape(-1).contiguous())
-                meta.buckets.append((str(t.dtype).removeprefix("torch."), [(n, tuple(t.shape))]))
-            continue
-        flats.append(torch.cat([t.reshape(-1) for _, t in bucket]).to(worker.device))
-        meta.buckets.append((str(dtype).removeprefix("torch."), layout))
-    worker._broadcast_flats = flats
-    return meta
+    layouts = [layout for bucket in plan_buckets(worker, sd) for layout in bucket]
+    worker._broadcast_flats = pack(layouts, sd.__getitem__, worker.device)
+    return BroadcastWeights(version, layouts)
 
 
 def broadcast_send(worker: Any) -> float:
@@ -200,28 +243,20 @@ class WeightReceiver:
                 # a nested ref arrives unresolved; top-level lists of refs as well
                 yield from (ray.get(bucket) if isinstance(bucket, ray.ObjectRef) else bucket)
         elif isinstance(payload, CudaIpcWeights):
-            if torch.cuda.is_available():
-                torch.cuda.set_device(_local_index(payload.device_uuid))
-            for name, fn, args in payload.handles:
-                args = list(args)
-                args[6] = _local_index(payload.device_uuid)  # the device index as this process sees it
-                yield name, fn(*args)
+            index = _local_index(payload.device_uuid)
+            torch.cuda.set_device(index)
+            for layout, rebuild, args in payload.buffers:
+                yield from layout.views(_open_ipc(rebuild, args, index))
         elif isinstance(payload, BroadcastWeights):
             if self.group is None:
                 raise RuntimeError("broadcast weights arrived before join(): the sampler is not "
                                    "in the weight group")
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
                 else torch.device("cpu")
-            for dtype_name, layout in payload.buckets:
-                dtype = getattr(torch, dtype_name)
-                numel = sum(_numel(shape) for _, shape in layout)
-                flat = torch.empty(numel, dtype=dtype, device=device)
+            for layout in payload.buffers:
+                flat = layout.empty(device)
                 _broadcast(self.group, flat)
-                offset = 0
-                for name, shape in layout:
-                    n = _numel(shape)
-                    yield name, flat[offset:offset + n].view(shape)
-                    offset += n
+                yield from layout.views(flat)
         elif isinstance(payload, dict):
             yield from payload.items()
         else:
@@ -258,6 +293,17 @@ def _local_index(uuid: str) -> int:
             return i
     raise RuntimeError(f"CUDA IPC weights live on GPU {uuid}, which this process cannot see "
                        "(cuda_ipc needs sampler and trainer on the same GPU)")
+
+
+def _open_ipc(rebuild: Any, args: tuple, device_index: int) -> torch.Tensor:
+    """Map a trainer buffer from its ``reduce_tensor`` output. The device index recorded there
+    (``rebuild_cuda_tensor``'s ``storage_device``) is the trainer's, which under another
+    CUDA_VISIBLE_DEVICES names another GPU or none: put this process's index of that GPU."""
+    import inspect
+
+    args = list(args)
+    args[list(inspect.signature(rebuild).parameters).index("storage_device")] = device_index
+    return rebuild(*args)
 
 
 # ---- driver side ----------------------------------------------------------------------------

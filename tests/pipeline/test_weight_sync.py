@@ -1,5 +1,6 @@
 """Trainer -> samplers weight push through real Ray actors: object store, then a gloo broadcast
-group. After a push, the samplers' log-probs are those of the trainer's weights."""
+group. After a push, the samplers' log-probs are those of the trainer's weights. The flat-buffer
+packing that cuda_ipc and broadcast share, and cuda_ipc's bucket plan, without a GPU."""
 import asyncio
 
 import pytest
@@ -9,8 +10,10 @@ from pipeline.models import ModelConfig, load_model_and_tokenizer
 from pipeline.pools import ResourcesConfig, create_pools
 from pipeline.rollout_config import load_rollout_config
 from pipeline.sampler import SamplerPool
-from pipeline.trainer import TrainerConfig, TrainerGroup
-from pipeline.weight_sync import WeightSync, choose_transport
+from pipeline.trainer import TrainerConfig, TrainerGroup, TrainerWorker
+from pipeline.trainer.worker import free_port
+from pipeline.weight_sync import (WeightSync, choose_transport, flat_layouts, ipc_bucket,
+                                  ipc_prepare, ipc_release, pack)
 from rewards.interface import TaskRef
 from tests.pipeline.conftest import group
 
@@ -89,3 +92,67 @@ def test_push_reaches_every_sampler(ray_local):
 def test_unknown_transport_is_named():
     with pytest.raises(ValueError, match="pipeline.weight_sync='nvlink'"):
         choose_transport("nvlink", colocated=False, on_gpu=True)
+
+
+def test_flat_buffers_give_back_the_tensors_as_views():
+    bucket = [("w", torch.randn(3, 5)), ("steps", torch.arange(7, dtype=torch.int32)),
+              ("scale", torch.tensor(2.5)), ("none", torch.zeros(0, 4)), ("b", torch.randn(11)),
+              ("mask", torch.tensor([True, False, True])), ("v", torch.randn(2, 3))]
+    layouts = flat_layouts(bucket)
+    # one buffer per dtype, in first-seen order
+    assert [layout.dtype for layout in layouts] == ["float32", "int32", "bool"]
+    flats = pack(layouts, dict(bucket).__getitem__, torch.device("cpu"))
+    got = {}
+    for layout, flat in zip(layouts, flats):
+        assert flat.shape == (layout.numel,) and flat.dtype == getattr(torch, layout.dtype)
+        end = 0
+        for name, view in layout.views(flat):
+            start = view.storage_offset()
+            assert view.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()  # no copy
+            assert start >= end and start * flat.element_size() % 16 == 0  # disjoint, aligned
+            end = start + view.numel()
+            got[name] = view
+    assert list(got) == ["w", "scale", "none", "b", "v", "steps", "mask"]
+    for name, t in bucket:
+        assert got[name].dtype == t.dtype and torch.equal(got[name], t)
+
+
+def test_ipc_buckets_pack_the_state_dict_within_the_limit():
+    """cuda_ipc's plan and packing on a one-rank FSDP2 trainer (gloo): tied embeddings, a
+    non-float buffer, bf16 export, buckets of 50 KB. Rank 0 would also export CUDA IPC handles
+    (the GPU test does); as any other rank, the worker packs the same buffers and returns none."""
+    cfg = group(TrainerConfig, "trainer/fsdp2", weight_bucket_mb=0.05, export_dtype="bfloat16")
+    model_cfg = group(ModelConfig, "model/tiny", **{"tiny.tie_word_embeddings": True})
+    worker = TrainerWorker(0, 1, model_cfg, cfg, None, max_response_length=8, temperature=1.0,
+                           total_optim_steps=1)
+    worker.init("127.0.0.1", free_port())
+    try:
+        worker.model.model.norm.register_buffer("steps", torch.arange(5, dtype=torch.int32))
+        expected = {k: v.to(torch.bfloat16) if v.is_floating_point() else v
+                    for k, v in worker.full_state_dict().items()}
+        worker.rank = 1
+        limit = cfg.weight_bucket_mb * 2**20
+        n = ipc_prepare(worker)
+        assert n > 1
+        got, dtypes_per_bucket = {}, []
+        for i in range(n):
+            assert ipc_bucket(worker, i, version=1) is None
+            layouts = worker._ipc_plan[i]
+            dtypes_per_bucket.append({layout.dtype for layout in layouts})
+            assert len(worker._ipc_live) == len(layouts)
+            names = [name for layout in layouts for name, _, _ in layout.tensors]
+            nbytes = sum(expected[k].numel() * expected[k].element_size() for k in names)
+            assert nbytes <= limit or len(names) == 1  # a tensor over the limit goes alone
+            for layout, flat in zip(layouts, worker._ipc_live):
+                for name, view in layout.views(flat):
+                    assert name not in got
+                    got[name] = view.clone()
+        ipc_release(worker)
+        assert worker._ipc_live == []
+    finally:
+        worker.shutdown()
+    assert {"bfloat16", "int32"} in dtypes_per_bucket  # the buffer shares a bucket with floats
+    assert set(got) == set(expected)
+    assert {"lm_head.weight", "model.embed_tokens.weight"} <= set(got)
+    for name, want in expected.items():
+        assert got[name].dtype == want.dtype and torch.equal(got[name], want), name
