@@ -7,7 +7,7 @@
 #   bash bench/device.sh recheck   # bench.cuda_isolation, bench.pipeline at 8 steps (one GPU)
 #   bash bench/device.sh stream    # bench.reward_streaming (cuda), bench.sampler (hf)
 #   bash bench/device.sh vllm      # bench.sampler with the vLLM engine (after .vbundle is installed)
-#   bash bench/device.sh evals     # bench.sandbox, bench.reward_streaming (smaller), bench.sampler (hf)
+#   bash bench/device.sh evals     # bench.sandbox, bench.reward_streaming (smaller)
 #   bash bench/device.sh sync      # the GPU weight-sync test, bench.weight_sync (cuda_ipc), the RL step at 32k
 # Needs .devpkgs installed into /tmp/site (bash .devpkgs/install.sh), built on the CPU machine with
 #   EXTRA="verl==0.9.1 codetiming tensordict==0.10.0 pyvers torchdata==0.11.0 pylatexenc dill orjson" \
@@ -100,13 +100,11 @@ vllm)
   step sampler_vllm 300 $py -m bench.sampler --engine vllm --preset qwen0.5b --dtype bfloat16 --tasks 8 \
        --trajectories 16 --max-tokens 512 --repeats 2 --gpu-memory-utilization 0.3 --out "$res/sampler_vllm_h200.json"
   ;;
-evals)  # 2026-12-03, after the device gate: evals/min and the reward tail, then the HF sampler again
-  step sandbox 230 $py -m bench.sandbox --backend cuda --prime 2 --distinct 12 --max-concurrent 16 \
+evals)  # 2026-12-03, after the device gate, the "min" header tier; sized for the ~330 s left that day
+  step sandbox 140 $py -m bench.sandbox --backend cuda --prime 2 --distinct 8 --max-concurrent 16 \
        --compile-workers 8 --max-jobs 2 --out "$res/sandbox_cuda_gated.json"
-  step reward_streaming 200 $py -m bench.reward_streaming --backend cuda --compiled 3 --cheap 6 \
+  step reward_streaming 150 $py -m bench.reward_streaming --backend cuda --compiled 3 --cheap 6 \
        --gen-seconds 20 --max-concurrent 16 --compile-workers 8 --out "$res/reward_streaming_cuda.json"
-  step sampler_hf 110 $py -m bench.sampler --engine hf --preset qwen0.5b --dtype bfloat16 --tasks 4 \
-       --trajectories 8 --max-tokens 128 --repeats 3 --out "$res/sampler_hf_h200.json"
   ;;
 sync)  # 2026-12-03: flat-bucket cuda_ipc (its GPU test, then the bench), the project's RL step at 32k
   step gpu_tests 120 $py -m pytest -x -q tests/pipeline/test_gpu_weight_sync.py
