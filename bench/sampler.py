@@ -5,6 +5,9 @@
 Requests: ``--tasks`` ToyEnv tasks x ``--trajectories``, one turn each, ``--max-tokens`` per
 response, temperature 1. ToyEnv scores in microseconds, so what is measured is the wrappers'
 cost, not an environment's. Overhead = 1 - tokens/s(wrapper) / tokens/s(engine). Target <= 5 %.
+Every path's timed window holds the same work from prompt messages to the last token (the engine
+path tokenises its prompts inside it too), and every path first runs the full request set once
+untimed through itself (first batch of that size, a fresh actor's first calls).
 
     python -m bench.sampler --engine hf --preset tiny --max-tokens 64          # CPU
     python -m bench.sampler --engine vllm --preset qwen0.5b --max-tokens 512   # the H200
@@ -60,8 +63,8 @@ async def engine_alone(engine: Any, tokenizer: Any, env: Any, tasks: list[Any], 
 
     params = SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
                             max_tokens=rollout.max_response_length)
-    prompts = [build_prompt(tokenizer, env.messages(t, [])) for t in tasks for _ in range(rollout.n_trajectories)]
     t0 = time.perf_counter()
+    prompts = [build_prompt(tokenizer, env.messages(t, [])) for t in tasks for _ in range(rollout.n_trajectories)]
     gens = await asyncio.gather(*[engine.generate(p, params) for p in prompts])
     wall = time.perf_counter() - t0
     return sum(len(g.token_ids) for g in gens), wall
@@ -102,10 +105,11 @@ async def in_process(args: Any, model_cfg: Any, rollout: Any) -> list[dict[str, 
     env, tasks = toy_tasks(args.tasks)
     rows = []
     try:
-        await engine_alone(engine, tokenizer, env, tasks[:1], rollout)  # warm-up
+        await engine_alone(engine, tokenizer, env, tasks, rollout)  # warm-up
         alone = [await engine_alone(engine, tokenizer, env, tasks, rollout) for _ in range(args.repeats)]
         rows.append({"path": "engine", **best(alone)})
         progress("sampler", rows[-1])
+        await through_rollout(engine, tokenizer, env, tasks, rollout, 0)  # warm-up
         wrapped = [await through_rollout(engine, tokenizer, env, tasks, rollout, i) for i in range(args.repeats)]
         rows.append({"path": "rollout (in process)", **best(wrapped)})
         progress("sampler", rows[-1])
@@ -133,7 +137,7 @@ async def in_worker(args: Any, model_cfg: Any, rollout: Any) -> dict[str, Any]:
     pool = SamplerPool(model_cfg, rollout, env_spec, n_workers=1, num_cpus=1, num_gpus=gpus)
     try:
         _, tasks = toy_tasks(args.tasks)
-        await through_worker(pool, tasks[:1], 0)  # warm-up
+        await through_worker(pool, tasks, 0)  # warm-up
         runs = [await through_worker(pool, tasks, i + 1) for i in range(args.repeats)]
         return {"path": "SamplerWorker (Ray actor)", **best(runs)}
     finally:

@@ -20,6 +20,7 @@ API::
     batch = await run_episodes(engine, tokenizer, env, tasks, step, version, cfg, on_sample=cb)
     batch.samples, batch.stats.metrics()
     async for sample in stream_episodes(engine, tokenizer, env, tasks, step, version, cfg): ...
+    async for samples in stream_episode_chunks(...): ...   # all scored by then, one item
     await run_episodes(..., starts={(task_id, 0): Start(history, first_turn=4, round=1, parent=2)})
 """
 from __future__ import annotations
@@ -257,7 +258,27 @@ async def stream_episodes(engine: Engine, tokenizer: Any, env: RewardEnv, tasks:
                           buffer: int | None = None,
                           starts: Starts | None = None) -> AsyncIterator[Sample]:
     """Samples as they are scored; at most ``buffer`` (default ``cfg.stream_buffer``) wait unread."""
+    chunks = stream_episode_chunks(engine, tokenizer, env, tasks, step, version, cfg, stats=stats,
+                                   buffer=buffer, starts=starts, max_chunk=1)
+    try:
+        async for chunk in chunks:
+            yield chunk[0]
+    finally:
+        await chunks.aclose()  # stops the trajectories now, not whenever the generator is collected
+
+
+async def stream_episode_chunks(engine: Engine, tokenizer: Any, env: RewardEnv, tasks: list[TaskRef],
+                                step: int, version: int, cfg: RolloutConfig,
+                                stats: BatchStats | None = None,
+                                buffer: int | None = None,
+                                starts: Starts | None = None,
+                                max_chunk: int | None = None) -> AsyncIterator[list[Sample]]:
+    """Like :func:`stream_episodes`, but each item is every sample scored by then (1 to
+    ``max_chunk``, default unbounded): a consumer that pays per item (a Ray stream: one round trip
+    each) pays once for the samples of an engine batch that finish together, while a sample that
+    finishes alone still goes out at once."""
     queue: asyncio.Queue = asyncio.Queue(maxsize=cfg.stream_buffer if buffer is None else buffer)
+    limit = max_chunk if max_chunk is not None else float("inf")
     done = object()
 
     async def produce() -> None:
@@ -269,8 +290,16 @@ async def stream_episodes(engine: Engine, tokenizer: Any, env: RewardEnv, tasks:
 
     producer = asyncio.get_running_loop().create_task(produce())
     try:
-        while (item := await queue.get()) is not done:
-            yield item
+        finished = False
+        while not finished:
+            chunk = [await queue.get()]
+            while len(chunk) < limit and not queue.empty():
+                chunk.append(queue.get_nowait())
+            finished = chunk[-1] is done  # the producer's last item: nothing can follow it
+            if finished:
+                chunk.pop()
+            if chunk:
+                yield chunk
         await producer  # re-raise what stopped the producer, if anything
     finally:
         if not producer.done():

@@ -6,11 +6,12 @@ holds one engine and one RewardEnv, both built inside the actor. ``env_spec`` is
 or ``rewards.env.KernelEnv``'s config), a ``"module:Class"`` / ``"module.Class"`` string, or a
 picklable zero-argument callable. Actor methods:
 
-* ``generate(step, tasks, version, starts=None)``: a streaming generator: every ``Sample`` as
-  soon as it is scored, then one final :class:`~pipeline.rollout.BatchStats`. ``starts``
-  (``(task_id, traj) -> rollout.Start``) continues those trajectories from a given history.
-  Backpressure: the caller holds at most ``rollout.stream_buffer`` unread samples, then the
-  worker's trajectories wait.
+* ``generate(step, tasks, version, starts=None)``: a streaming generator: lists of ``Sample``,
+  each list every sample scored since the last one went out (a Ray stream pays a round trip per
+  item, and an HF batch finishes all its samples at once), then one final
+  :class:`~pipeline.rollout.BatchStats`. ``starts`` (``(task_id, traj) -> rollout.Start``)
+  continues those trajectories from a given history. Backpressure: the caller holds at most
+  ``rollout.stream_buffer`` unread samples, then the worker's trajectories wait.
 * ``update_weights(payload, version)``: any payload of :mod:`pipeline.weight_sync` (object-store
   buckets, CUDA IPC handles, broadcast layout) or ``(name, tensor)`` pairs / a state dict; in
   place, between batches of the engine. ``join_weight_group(...)`` comes from the mixin.
@@ -34,13 +35,14 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import gc
 import importlib
 import os
 import sys
 from collections.abc import Mapping
 from typing import Any, AsyncIterator
 
-from pipeline.rollout import BatchStats, Starts, stream_episodes
+from pipeline.rollout import BatchStats, Starts, stream_episode_chunks
 from pipeline.sample import Sample
 from pipeline.weight_sync import WeightReceiverMixin
 from rewards.interface import RewardEnv, TaskRef
@@ -72,6 +74,15 @@ def _is_dictconfig(x: Any) -> bool:
     return isinstance(x, DictConfig)
 
 
+def stream_shape(buffer: int) -> tuple[int, int]:
+    """(lists a worker's Ray stream may hold unread, samples per list) for ``stream_buffer``:
+    together at most ``buffer`` samples; two lists when that allows, so the worker gathers the
+    next while the caller reads one."""
+    buffer = max(1, int(buffer))
+    depth = min(2, buffer)
+    return depth, buffer // depth
+
+
 def _with_memory_fraction(rollout_cfg: Any, fraction: float | None) -> Any:
     if fraction is None or rollout_cfg.engine.type != "vllm":
         return rollout_cfg
@@ -98,13 +109,20 @@ class SamplerWorker(WeightReceiverMixin):
         self.env = build_env(env_spec)
         self.last_stats = BatchStats()
         self.batches = 0
+        # What exists now (torch, transformers, Ray, the model: ~400k objects) lives as long as the
+        # actor; a full collection would walk all of it (~250 ms of a CPU core) while the engine
+        # thread launches nothing. Frozen, collections see only what batches allocate.
+        gc.collect()
+        gc.freeze()
 
     async def generate(self, step: int, tasks: list[TaskRef], version: int,
                        starts: Starts | None = None) -> AsyncIterator[Any]:
         stats = BatchStats()
-        async for sample in stream_episodes(self.engine, self.tokenizer, self.env, tasks, step,
-                                            version, self.cfg, stats=stats, starts=starts):
-            yield sample
+        _, per_item = stream_shape(self.cfg.stream_buffer)
+        async for samples in stream_episode_chunks(self.engine, self.tokenizer, self.env, tasks, step,
+                                                   version, self.cfg, stats=stats, starts=starts,
+                                                   max_chunk=per_item):
+            yield samples
         self.last_stats, self.batches = stats, self.batches + 1
         yield stats
 
@@ -135,6 +153,7 @@ class SamplerWorker(WeightReceiverMixin):
     async def aclose(self) -> None:
         await self.engine.aclose()
         await self.env.aclose()
+        gc.unfreeze()  # a worker built in the caller's process hands its objects back to the collector
 
 
 def _actor_lost(e: BaseException) -> bool:
@@ -185,6 +204,7 @@ class SamplerPool:
     async def generate(self, step: int, tasks: list[TaskRef], version: int,
                        starts: Starts | None = None) -> AsyncIterator[Sample]:
         queue: asyncio.Queue = asyncio.Queue(maxsize=max(1, int(self.cfg.stream_buffer)))
+        backpressure = {"_generator_backpressure_num_objects": stream_shape(self.cfg.stream_buffer)[0]}
         stats: list[BatchStats] = []
         done = object()
 
@@ -198,9 +218,8 @@ class SamplerPool:
                 for attempt in range(2):
                     keep_out = set(delivered)
                     try:
-                        stream = worker.generate.options(
-                            _generator_backpressure_num_objects=max(1, int(self.cfg.stream_buffer))
-                        ).remote(step, part, version, part_starts)
+                        stream = worker.generate.options(**backpressure).remote(step, part, version,
+                                                                                part_starts)
                         discarded = 0
                         async for ref in stream:
                             item = await ref
@@ -213,11 +232,13 @@ class SamplerPool:
                                         f"sample(s) of {len(keep_out)} partly delivered trajectories "
                                         "dropped"])[:20]
                                 stats.append(item)
-                            elif (item.task_id, item.traj) in keep_out:
-                                discarded += 1
-                            else:
-                                delivered.add((item.task_id, item.traj))
-                                await queue.put(item)
+                                continue
+                            for sample in item:
+                                if (sample.task_id, sample.traj) in keep_out:
+                                    discarded += 1
+                                else:
+                                    delivered.add((sample.task_id, sample.traj))
+                                    await queue.put(sample)
                         return
                     except Exception as e:
                         if attempt or not _actor_lost(e):

@@ -3,7 +3,8 @@ import asyncio
 import pytest
 
 from pipeline.engines.hf import HFEngine
-from pipeline.rollout import Start, build_prompt, fit_prompt, run_episodes, stream_episodes
+from pipeline.rollout import (Start, build_prompt, fit_prompt, run_episodes, stream_episode_chunks,
+                              stream_episodes)
 from pipeline.rollout_config import max_response_length, response_length_at
 from rewards.interface import Turn
 from rewards.toy import ToyEnv
@@ -75,6 +76,28 @@ async def test_streaming_rewards_overlap_generation(tiny):
     assert any(a.t_gen_end < b.t_gen_end < a.t_eval_end for a in samples for b in samples)
     # evaluations ran concurrently: far less than 16 sequential 0.4 s delays
     assert max(s.t_eval_end for s in samples) - min(s.t_gen_start for s in samples) < 16 * 0.4 / 2
+
+
+async def test_chunks_hand_over_an_engine_batch_at_once(tiny):
+    """Samples scored together travel as one item (a Ray stream pays a round trip per item), up to
+    max_chunk; a sample scored alone still goes out at once."""
+    _, model, tok = tiny
+    engine = HFEngine(model, tok, max_inflight=64, max_batch_size=16, batch_wait_s=0.01)
+    env = ToyEnv(n_tasks=2)
+    cfg = rollout_cfg(n_trajectories=4, turns=1)
+    chunks = [c async for c in stream_episode_chunks(engine, tok, env, env.tasks("train"), 0, 0, cfg)]
+    assert engine.stats()["batches"] == 1  # all 8 requests in one engine batch ...
+    assert [len(c) for c in chunks] == [8]  # ... so all 8 samples in one item
+    capped = [c async for c in stream_episode_chunks(engine, tok, env, env.tasks("train"), 1, 0, cfg,
+                                                     max_chunk=3)]
+    assert [len(c) for c in capped] == [3, 3, 2]
+    assert len({s.uid for c in capped for s in c}) == 8
+
+    # batches of one run one after the other: the first sample goes out before the second exists
+    one_by_one = HFEngine(model, tok, max_inflight=64, max_batch_size=1, batch_wait_s=0.0)
+    alone = [c async for c in stream_episode_chunks(one_by_one, tok, env, env.tasks("train")[:1], 0, 0,
+                                                    rollout_cfg(n_trajectories=2, turns=1))]
+    assert [len(c) for c in alone] == [1, 1]
 
 
 class CrashingEnv(ToyEnv):

@@ -1,5 +1,6 @@
 """SamplerWorker / SamplerPool under a real local Ray, tiny model, HF engine on CPU."""
 import asyncio
+import gc
 
 import pytest
 
@@ -7,7 +8,7 @@ from pipeline.models import build_tiny, load_model_config
 from pipeline.rollout import Start
 from pipeline.sample import Sample
 from rewards.interface import Turn
-from pipeline.sampler import SamplerPool, build_env
+from pipeline.sampler import SamplerPool, SamplerWorker, build_env, stream_shape
 from pipeline.weight_sync import ObjectStoreWeights
 from rewards.toy import ToyEnv
 
@@ -31,6 +32,27 @@ def test_build_env_from_specs():
         build_env({"delay_s": 1})
     with pytest.raises(ValueError, match="rewards.nope:Env"):
         build_env("rewards.nope:Env")
+
+
+async def test_worker_hands_over_an_engine_batch_in_one_item():
+    """Every sample of one HF batch travels in one stream item (one Ray round trip, not 12), and
+    the objects that live as long as the worker are out of the collector's way until aclose."""
+    cfg = rollout_cfg(n_trajectories=4, turns=1)
+    worker = SamplerWorker(load_model_config("tiny"), cfg, {**TOY, "delay_s": 0.0})
+    try:
+        assert gc.get_freeze_count() > 100_000  # torch, transformers, the model ...
+        items = [x async for x in worker.generate(2, worker.tasks("train"), 0)]
+    finally:
+        await worker.aclose()
+    assert gc.get_freeze_count() == 0
+    chunks, stats = items[:-1], items[-1]
+    assert worker.engine.stats()["batches"] == 1 and [len(c) for c in chunks] == [3 * 4]
+    assert all(isinstance(s, Sample) and s.step == 2 for s in chunks[0]) and stats.n_samples == 12
+
+
+def test_stream_shape_keeps_unread_samples_within_the_buffer():
+    assert stream_shape(1) == (1, 1) and stream_shape(3) == (2, 1) and stream_shape(256) == (2, 128)
+    assert all(depth * per_item <= b for b in range(1, 300) for depth, per_item in [stream_shape(b)])
 
 
 async def test_pool_streams_samples_from_every_worker(pool):

@@ -125,7 +125,7 @@ async def test_sampler_worker_builds_vllm_from_the_tiny_config(setup):
                            {"_target_": "rewards.toy.ToyEnv", "n_tasks": 1}, gpu_memory_fraction=0.2)
     assert isinstance(worker.engine, VLLMEngine)
     items = [x async for x in worker.generate(3, worker.tasks("train"), 0)]
-    samples, stats = items[:-1], items[-1]
+    samples, stats = [s for chunk in items[:-1] for s in chunk], items[-1]
     assert isinstance(stats, BatchStats) and stats.n_samples == len(samples) == 4 * 2
     assert all(s.step == 3 and s.error is None and s.logprobs for s in samples)
     await worker.aclose()
