@@ -464,7 +464,7 @@ def _check(req: dict[str, Any], references: list[list[Any]], outputs_path: Path)
 
     t = time.perf_counter()
     try:
-        outputs = torch.load(outputs_path, weights_only=True)
+        outputs = protocol.load_outputs(outputs_path)
     except Exception as exc:  # noqa: BLE001 - the candidate process wrote (or failed to write) it
         return {"correct": False, "error_kind": "runtime_error",
                 "error": f"candidate outputs unreadable: {protocol.describe_exception(exc, 300)}"}
@@ -535,7 +535,7 @@ def _candidate_process(req: dict[str, Any], task: Any, chan: _Channel, confined:
             in_bytes = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
             protocol.poison_memory(max(int(req["poison_bytes"]), 2 * in_bytes), device)
             outputs.append(protocol.run_once(model, inputs, device, "candidate"))
-        torch.save(outputs, Path(req["workdir"]) / "candidate_outputs.pt")
+        protocol.save_outputs(outputs, Path(req["workdir"]) / "candidate_outputs.pt")
         wall["correctness"] = round(time.perf_counter() - t, 3)
     except protocol.StepError as exc:
         _report_and_exit(chan, {"ok": False, "kind": exc.kind, "error": exc.message,

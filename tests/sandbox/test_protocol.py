@@ -87,3 +87,11 @@ def test_outputs_kept_on_the_device_are_copies_too():
         first = protocol.run_once(model, [torch.ones(4)], "cpu", "reference", to_host=to_host)
         model(torch.full((4,), 7.0))
         assert torch.equal(first[0], torch.ones(4)), to_host
+
+
+def test_saved_outputs_load_back_equal(tmp_path):
+    outputs = [[torch.randn(64, 32), torch.arange(7, dtype=torch.int64)], [torch.full((3,), float("nan"))]]
+    protocol.save_outputs(outputs, tmp_path / "o.pt")
+    back = protocol.load_outputs(tmp_path / "o.pt")
+    assert torch.equal(back[0][0], outputs[0][0]) and torch.equal(back[0][1], outputs[0][1])
+    assert back[1][0].isnan().all() and back[1][0].dtype == torch.float32
