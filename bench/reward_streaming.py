@@ -53,6 +53,10 @@ async def replay(cfg: Any, work: list[tuple[str, str]], finish: list[float], str
             s = time.monotonic()
             r = await pool.evaluate(work[i][0], work[i][1], backend, key=f"r{i}")
             durations.append(time.monotonic() - s)
+            # one line per verdict, so a run cut at its time limit still shows how far it got
+            print(f"[reward_streaming] {'streaming' if streaming else 'at_end'} {len(durations)}/{len(work)} "
+                  f"answer {i} at {time.monotonic() - t0:.1f}s: {r.error_kind or 'correct'} "
+                  f"eval {durations[-1]:.1f}s device_held {r.wall_s.get('device_held', '-')}", flush=True)
             if not r.correct:
                 print(f"[reward_streaming] answer {i} not correct: {r.error_kind} {(r.error or '')[:200]}")
             return time.monotonic() - t0
