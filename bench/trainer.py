@@ -175,7 +175,8 @@ def rl_step(args: Any, arch: dict[str, Any], lengths: list[int], device: torch.d
     model_cfg = group(ModelConfig, "model/tiny", **over)
     algo = group(AlgorithmConfig, "algorithm/grpo_plus", micro_batch_tokens=budget)
     max_resp = max(lengths)
-    worker = TrainerWorker(0, 1, model_cfg, group(TrainerConfig, "trainer/fsdp2", logprob_chunk_tokens=chunk), algo,
+    trainer_cfg = group(TrainerConfig, "trainer/fsdp2", logprob_chunk_tokens=chunk, compile_layers=args.compile)
+    worker = TrainerWorker(0, 1, model_cfg, trainer_cfg, algo,
                            max_response_length=max_resp, temperature=1.0, total_optim_steps=100)
     worker.init("127.0.0.1", free_port())
     rng = random.Random(1)
@@ -212,14 +213,14 @@ def rl_step(args: Any, arch: dict[str, Any], lengths: list[int], device: torch.d
     padded = int(batch.input_ids.numel())
     achieved = flops / t / 1e12
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
-    return {"layout": rl_label(budget, chunk), "step_s": t, "tokens_per_s": sum(lens) / t,
+    return {"layout": rl_label(budget, chunk, args.compile), "step_s": t, "tokens_per_s": sum(lens) / t,
             "TFLOP/s": achieved, "mfu_vs_peak": achieved / args.peak_tflops if device.type == "cuda" else None,
             "micro_batches": sum(len(m) for m in plan.ranks[0].mini_batches), "computed_tokens": padded,
             "rows": n_rows, "peak_mem_gib": peak}
 
 
-def rl_label(budget: int, chunk: int) -> str:
-    return f"rl_step (project trainer, budget {budget}, logprob chunk {chunk or 'off'})"
+def rl_label(budget: int, chunk: int, compiled: bool = False) -> str:
+    return f"rl_step (project trainer, budget {budget}, logprob chunk {chunk or 'off'}{', compiled' if compiled else ''})"
 
 
 def main() -> None:
@@ -236,7 +237,8 @@ def main() -> None:
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak used for MFU")
     p.add_argument("--layouts", default="padded,packed")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile each decoder layer (bench loop only)")
+                   help="torch.compile each decoder layer (the bench loop, and the rl step through "
+                        "trainer.compile_layers)")
     p.add_argument("--rl-step", action="store_true", help="also time the project's trainer step")
     p.add_argument("--rl-budgets", default="", help="micro-batch token budgets of the rl steps (default --token-budget)")
     p.add_argument("--rl-chunks", default="1024", help="logprob_chunk_tokens of the rl steps (0: full logits)")
@@ -309,7 +311,7 @@ def main() -> None:
                 try:
                     rows.append(rl_step(args, arch, lengths, device, budget, chunk))
                 except Exception as e:  # the rows before are still worth reporting; the error is shown
-                    rows.append({"layout": rl_label(budget, chunk), "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                    rows.append({"layout": rl_label(budget, chunk, args.compile), "error": f"{type(e).__name__}: {str(e)[:300]}"})
                     if dist.is_initialized():
                         dist.destroy_process_group()
                 progress("trainer", rows[-1])

@@ -24,6 +24,7 @@ class TrainerConfig:
     gradient_checkpointing: bool = MISSING
     attn_implementation: str = MISSING  # auto | sdpa | eager | flash_attention_2
     logprob_chunk_tokens: int = MISSING  # >0: log-probs from hidden states in chunks (verl FusedLinearForPPO); 0: full logits
+    compile_layers: bool = MISSING       # torch.compile each decoder layer before sharding it
     reshard_after_forward: bool = MISSING
     backend: str = MISSING          # auto | gloo | nccl (auto: nccl on GPU, gloo on CPU)
     weight_bucket_mb: float = MISSING  # weight export bucket size (object store, IPC, broadcast)

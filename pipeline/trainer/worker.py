@@ -115,6 +115,8 @@ class TrainerWorker:
         policy = MixedPrecisionPolicy(param_dtype=_dtype(self.cfg.param_dtype, self.on_gpu),
                                       reduce_dtype=_dtype(self.cfg.reduce_dtype, self.on_gpu))
         for layer in _decoder_layers(model):
+            if self.cfg.compile_layers:
+                layer.compile()  # in place: the module FSDP2 wraps next keeps its name and state dict
             fully_shard(layer, mesh=mesh, mp_policy=policy,
                         reshard_after_forward=self.cfg.reshard_after_forward)
         fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=self.cfg.reshard_after_forward)
