@@ -70,7 +70,7 @@ def main() -> None:
     from pipeline.rollout_config import load_rollout_config
     from pipeline.sampler import SamplerPool
     from pipeline.trainer import TrainerConfig, TrainerGroup
-    from pipeline.weight_sync import WeightSync
+    from pipeline.weight_sync import WeightSync, without_aliases
 
     on_gpu = torch.cuda.is_available()
     res = group(ResourcesConfig, "resources/one_gpu" if on_gpu else "resources/default")
@@ -95,7 +95,9 @@ def main() -> None:
     try:
         sd = trainer.full_state_dict()
         export = torch.bfloat16 if on_gpu else torch.float32
-        nbytes = sum(t.numel() * export.itemsize for t in sd.values())
+        # bytes that travel: a tied weight once (what cuda_ipc sends; the full state dict may hold
+        # two copies of it, counted once only where they share storage)
+        nbytes = sum(t.numel() * export.itemsize for t in without_aliases(sd).values())
         probe_names = [n for n in list(sd)[:: max(1, len(sd) // 4)]]
         expected = {n: float(sd[n].to(export).float().sum()) for n in probe_names}
         del sd

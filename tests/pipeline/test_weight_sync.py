@@ -13,7 +13,7 @@ from pipeline.sampler import SamplerPool
 from pipeline.trainer import TrainerConfig, TrainerGroup, TrainerWorker
 from pipeline.trainer.worker import free_port
 from pipeline.weight_sync import (WeightSync, choose_transport, flat_layouts, ipc_bucket,
-                                  ipc_prepare, ipc_release, pack)
+                                  ipc_prepare, ipc_release, pack, without_aliases)
 from rewards.interface import TaskRef
 from tests.pipeline.conftest import group
 
@@ -117,6 +117,30 @@ def test_flat_buffers_give_back_the_tensors_as_views():
         assert got[name].dtype == t.dtype and torch.equal(got[name], t)
 
 
+def test_a_tied_weight_reaches_an_hf_engine_once_and_updates_both_names():
+    from pipeline.engines.hf import HFEngine
+
+    model_cfg = group(ModelConfig, "model/tiny", **{"tiny.tie_word_embeddings": True})
+    trainer_model, _ = load_model_and_tokenizer(model_cfg)
+    untied = group(ModelConfig, "model/tiny")
+    sd = trainer_model.state_dict()
+    assert "lm_head.weight" in sd and sd["lm_head.weight"].data_ptr() == sd["model.embed_tokens.weight"].data_ptr()
+    sent = without_aliases(sd)
+    assert "lm_head.weight" not in sent and len(sent) == len(sd) - 1
+    # an untied model's two weights are separate tensors: both stay
+    assert "lm_head.weight" in without_aliases(load_model_and_tokenizer(untied)[0].state_dict())
+    sampler_model, tok = load_model_and_tokenizer(model_cfg)
+    engine = HFEngine(sampler_model, tok, device="cpu")
+    with torch.no_grad():
+        for t in sent.values():
+            if t.is_floating_point():
+                t.add_(1.0)  # the trainer moved on; the engine's copy is now stale
+    assert not torch.equal(sampler_model.lm_head.weight, trainer_model.lm_head.weight)
+    engine.load_weights(sent.items(), version=1)
+    assert torch.equal(sampler_model.lm_head.weight, trainer_model.lm_head.weight)
+    assert torch.equal(sampler_model.model.embed_tokens.weight, trainer_model.model.embed_tokens.weight)
+
+
 def test_ipc_buckets_pack_the_state_dict_within_the_limit():
     """cuda_ipc's plan and packing on a one-rank FSDP2 trainer (gloo): tied embeddings, a
     non-float buffer, bf16 export, buckets of 50 KB. Rank 0 would also export CUDA IPC handles
@@ -152,7 +176,10 @@ def test_ipc_buckets_pack_the_state_dict_within_the_limit():
     finally:
         worker.shutdown()
     assert {"bfloat16", "int32"} in dtypes_per_bucket  # the buffer shares a bucket with floats
-    assert set(got) == set(expected)
-    assert {"lm_head.weight", "model.embed_tokens.weight"} <= set(got)
+    # the tied lm_head is the embedding: sent once, under the embedding's name
+    assert set(got) == set(expected) - {"lm_head.weight"}
+    assert "model.embed_tokens.weight" in got
     for name, want in expected.items():
+        if name == "lm_head.weight":
+            continue
         assert got[name].dtype == want.dtype and torch.equal(got[name], want), name
