@@ -125,7 +125,8 @@ class HFEngine:
     async def _schedule(self) -> None:
         while True:
             await self._has_work.wait()
-            await asyncio.sleep(self.batch_wait_s)  # let callers of the same moment join
+            if len(self._pending) < self.max_batch_size:  # a full batch has no one left to wait for
+                await asyncio.sleep(self.batch_wait_s)  # let callers of the same moment join
             self._pending = [r for r in self._pending if not r.future.done()]  # timed-out callers
             if not self._pending:
                 self._has_work.clear()

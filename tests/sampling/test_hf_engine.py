@@ -148,3 +148,16 @@ async def test_unseeded_sampling_differs_between_calls(engine, tiny):
     assert a.token_ids != b.token_ids  # 12 tokens from a ~flat 512-way distribution
     seeded = SamplingParams(temperature=1.0, max_tokens=12, seed=5)
     assert (await engine.generate(prompt, seeded)).token_ids == (await engine.generate(prompt, seeded)).token_ids
+
+
+async def test_a_full_batch_starts_without_waiting_for_more(tiny):
+    _, _, tok = tiny
+    model, _ = build_tiny(load_model_config("tiny").tiny)
+    engine = HFEngine(model, tok, max_inflight=16, max_batch_size=2, batch_wait_s=30.0)
+    params = SamplingParams(temperature=1.0, max_tokens=4)
+    t0 = time.monotonic()
+    gens = await asyncio.wait_for(asyncio.gather(*[engine.generate(p, params) for p in _prompts(tok, 2)]),
+                                  timeout=20.0)
+    assert len(gens) == 2 and time.monotonic() - t0 < 20.0
+    assert engine.stats()["batches"] == 1
+    await engine.aclose()
