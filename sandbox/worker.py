@@ -309,9 +309,8 @@ def _run_step(req: dict[str, Any], res_fd: int, gate: _Gate | None = None) -> di
         result["wall_s"].update(msg.get("wall_s", {}))
         if not msg.get("ok"):
             stage = str(msg.get("stage", "correctness"))
-            result.update(stage=stage, error_kind=str(msg.get("kind", "runtime_error")),
-                          error=str(msg.get("error", "the candidate process reported a failure")),
-                          compiled=stage not in ("load", "compile"))
+            kind, error = _reported_failure(msg)
+            result.update(stage=stage, error_kind=kind, error=error, compiled=stage not in ("load", "compile"))
             return result
         result["compiled"] = True
         verdict = _check(req, references, workdir / "candidate_outputs.pt")
@@ -325,8 +324,8 @@ def _run_step(req: dict[str, Any], res_fd: int, gate: _Gate | None = None) -> di
         result["stage"] = "timing"
         msg = _await(chan, deadline, pid, "timing")
         if not msg.get("ok"):
-            result.update(correct=False, error_kind=str(msg.get("kind", "runtime_error")),
-                          error=str(msg.get("error", "the candidate process reported a failure")))
+            kind, error = _reported_failure(msg)
+            result.update(correct=False, error_kind=kind, error=error)
             return result
         times = msg.get("times")
         if not isinstance(times, list) or not times or not all(isinstance(x, (int, float)) for x in times):
@@ -350,6 +349,13 @@ def _run_step(req: dict[str, Any], res_fd: int, gate: _Gate | None = None) -> di
         return result
     finally:
         _kill(pid)
+
+
+def _reported_failure(msg: dict[str, Any]) -> tuple[str, str]:
+    """(kind, error) of a failure the candidate process reported. The channel is the candidate's
+    too, so a message may be forged: a missing key reads as a runtime error, never a sandbox error."""
+    return (str(msg.get("kind", "runtime_error")),
+            str(msg.get("error", "the candidate process reported a failure")))
 
 
 class _CandidateLost(Exception):
