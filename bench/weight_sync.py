@@ -70,7 +70,7 @@ def main() -> None:
     from pipeline.rollout_config import load_rollout_config
     from pipeline.sampler import SamplerPool
     from pipeline.trainer import TrainerConfig, TrainerGroup
-    from pipeline.weight_sync import WeightSync, without_aliases
+    from pipeline.weight_sync import WeightSync
 
     on_gpu = torch.cuda.is_available()
     res = group(ResourcesConfig, "resources/one_gpu" if on_gpu else "resources/default")
@@ -95,9 +95,10 @@ def main() -> None:
     try:
         sd = trainer.full_state_dict()
         export = torch.bfloat16 if on_gpu else torch.float32
-        # bytes that travel: a tied weight once (what cuda_ipc sends; the full state dict may hold
-        # two copies of it, counted once only where they share storage)
-        nbytes = sum(t.numel() * export.itemsize for t in without_aliases(sd).values())
+        # bytes that travel: cuda_ipc sends a tied weight once, read from the trainer's own state
+        # dict (the gathered copy above holds it twice, in separate storage); the others send all
+        full_bytes = sum(t.numel() * export.itemsize for t in sd.values())
+        ipc_bytes = trainer.run_all("ipc_payload_bytes")[0]
         probe_names = [n for n in list(sd)[:: max(1, len(sd) // 4)]]
         expected = {n: float(sd[n].to(export).float().sum()) for n in probe_names}
         del sd
@@ -107,8 +108,10 @@ def main() -> None:
             got = ray.get(samplers.workers[0].__ray_call__.remote(sampler_probe, probe_names))
             ok = all(abs(got.get(n, float("nan")) - e) <= 1e-3 * max(1.0, abs(e)) for n, e in expected.items())
             med = statistics.median(times)
+            nbytes = ipc_bytes if transport == "cuda_ipc" else full_bytes
             rows.append({"transport": transport, "push_ms_median": med * 1e3, "push_ms_min": min(times) * 1e3,
-                         "push_ms_max": max(times) * 1e3, "GB/s": nbytes / med / 1e9, "weights_match": ok})
+                         "push_ms_max": max(times) * 1e3, "MB": nbytes / 1e6, "GB/s": nbytes / med / 1e9,
+                         "weights_match": ok})
             progress("weight_sync", rows[-1])
     finally:
         samplers.shutdown()
@@ -116,7 +119,7 @@ def main() -> None:
         pools.remove()
         ray.shutdown()
     gpu_rows = [r for r in rows if r["transport"] in ("cuda_ipc", "broadcast")] if on_gpu else []
-    extra = {"preset": args.preset, "payload_MB": nbytes / 1e6, "export_dtype": str(export),
+    extra = {"preset": args.preset, "payload_MB": full_bytes / 1e6, "export_dtype": str(export),
              "colocated": shared,
              "target_gpu_path_le_100ms": target(min(r["push_ms_median"] for r in gpu_rows) <= 100)
              if gpu_rows else "n/a"}

@@ -159,6 +159,12 @@ def ipc_release(worker: Any) -> None:
         torch.cuda.empty_cache()
 
 
+def ipc_payload_bytes(worker: Any) -> int:
+    """Bytes one cuda_ipc push carries from this rank's state dict (a tied weight once)."""
+    itemsize = worker.export_dtype().itemsize
+    return sum(t.numel() * itemsize for t in without_aliases(worker.model.state_dict()).values())
+
+
 def without_aliases(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Each tensor under its first name only. A tied model's state dict names the shared weight
     twice (``lm_head.weight`` = ``model.embed_tokens.weight``: 272 MB of a 1.26 GB push of a 0.5B
