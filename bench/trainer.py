@@ -26,6 +26,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Qwen2.5-0.5B's shape
     "qwen0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                      num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
+    # Qwen2.5-1.5B's shape
+    "qwen1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                     num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True),
     "cpu-small": dict(vocab_size=4096, hidden_size=128, intermediate_size=352, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
 }
@@ -160,7 +163,8 @@ def rl_step(args: Any, arch: dict[str, Any], lengths: list[int], device: torch.d
     """The project's own trainer step (pipeline.trainer.worker.TrainerWorker.train_step) on a
     GRPO+ batch built by pipeline.algorithms.build_train_batch from synthetic samples: prompt
     ``--prompt-len`` tokens, responses of the lengths above, 8 samples per task, random scores.
-    Its work per row: one forward for the old log-probs, then forward + backward."""
+    Its work per row: forward + backward, and a forward for the old log-probs of the rows after
+    the first mini-batch."""
     from bench.weight_sync import group
     from pipeline.algorithms import build_train_batch
     from pipeline.algorithms.config import AlgorithmConfig
@@ -207,9 +211,13 @@ def rl_step(args: Any, arch: dict[str, Any], lengths: list[int], device: torch.d
     L, d, V = arch["num_hidden_layers"], arch["hidden_size"], arch["vocab_size"]
     n_body = matmul_params(worker.model) - V * d
     resp = [int(x) for x in batch.response_mask.sum(1)]
-    # 4 passes' worth per token (forward for old log-probs + forward/backward); lm_head only on
-    # the response positions (logits_to_keep)
-    flops = sum(8 * n_body * n + 8 * V * d * r + 8 * L * d * n * n for n, r in zip(lens, resp))
+    # forward + backward (3 passes' worth per token), and one forward more for the old log-probs
+    # of the rows after the first mini-batch (the first trains on the weights they come from);
+    # lm_head only on the response positions (logits_to_keep)
+    rank = plan.ranks[0]
+    later = {rank.rows[p] for mini in rank.mini_batches[1:] for micro in mini for p in micro}
+    flops = sum((8 if i in later else 6) * (n_body * n + V * d * r + L * d * n * n)
+                for i, (n, r) in enumerate(zip(lens, resp)))
     padded = int(batch.input_ids.numel())
     achieved = flops / t / 1e12
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None

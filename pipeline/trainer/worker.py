@@ -189,13 +189,16 @@ class TrainerWorker:
         shard["response_mask"] = shard["response_mask"] * (~filler).unsqueeze(1).to(shard["response_mask"].dtype)
         mode = self.algo.off_policy_correction
         R = shard["response_mask"].shape[1]
-        # old log-probs of the current weights, once, before any update of this step
+        # old log-probs of the current weights, before any update of this step. The first
+        # mini-batch trains on exactly those weights, so its own forward's log-probs, detached,
+        # are its old ones (as TRL does with one optimiser step per batch): its old pass would
+        # be an eighth of the step's compute spent on a copy.
         if mode == "bypass":
             old = shard["sampler_log_probs"].float()
         else:
             old = torch.zeros(shard["input_ids"].shape[0], R)
             with torch.no_grad():
-                for mini in plan.mini_batches:
+                for mini in plan.mini_batches[1:]:
                     for pos in mini:
                         idx = torch.tensor(pos)
                         mb, logp, _ = self._log_probs({k: shard[k][idx] for k in BATCH_KEYS}, False)
@@ -214,7 +217,8 @@ class TrainerWorker:
                 if seqs == 0:  # filler: keep the collectives in step, contribute nothing
                     (logp.sum() * 0.0).backward()
                     continue
-                old_mb = old[idx, :r].to(self.device)
+                on_policy = m == 0 and mode != "bypass"
+                old_mb = logp.detach().float() if on_policy else old[idx, :r].to(self.device)
                 is_w = None
                 if mode == "tis":
                     is_w = tis_weights(old_mb, mb["sampler_log_probs"][:, :r].to(self.device).float(),

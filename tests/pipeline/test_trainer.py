@@ -183,3 +183,35 @@ def test_compiled_layers_train_like_eager_layers(configs):
         assert m_comp[key] == pytest.approx(m_eager[key], rel=1e-4, abs=1e-6), key
     for k in w_eager:
         torch.testing.assert_close(w_comp[k], w_eager[k], rtol=1e-4, atol=2e-5)
+
+
+def test_first_mini_batch_reuses_its_own_forward_as_old_log_probs(configs):
+    """The first mini-batch trains on the weights its old log-probs would come from, so only the
+    later mini-batches get a separate no-grad forward: every micro-batch of mini-batch 0 is run
+    once, every later one twice. (That it trains like the sampler's exact log-probs is
+    test_two_ranks_equal_one_rank_and_corrections_agree's bypass comparison.)"""
+    from pipeline.trainer import TrainerWorker
+    from pipeline.trainer.worker import BATCH_KEYS, free_port
+
+    model_cfg, trainer_cfg, algo_cfg = configs
+    _, tok = load_model_and_tokenizer(model_cfg)
+    batch = build_train_batch(make_samples(len(tok), seed=5), algo_cfg, MAX_RESPONSE, tok.pad_token_id)
+    lens = [int(x) for x in batch.attention_mask.sum(1)]
+    plan = plan_step(lens, [int(x) for x in batch.response_mask.sum(1)], 1, algo_cfg.ppo_mini_batches,
+                     algo_cfg.micro_batch_tokens)
+    minis = plan.ranks[0].mini_batches
+    assert len(minis) == 2
+    shard = {k: getattr(batch, k)[torch.tensor(plan.ranks[0].rows)] for k in BATCH_KEYS}
+    worker = TrainerWorker(0, 1, model_cfg, trainer_cfg, algo_cfg, MAX_RESPONSE, temperature=0.7,
+                           total_optim_steps=4)
+    worker.init("127.0.0.1", free_port())
+    forwards = []
+    worker.model.register_forward_hook(lambda mod, args, kwargs, out: forwards.append(torch.is_grad_enabled()),
+                                       with_kwargs=True)
+    try:
+        metrics = worker.train_step(shard, plan.ranks[0], plan.global_seqs, plan.global_tokens, MAX_RESPONSE)
+    finally:
+        worker.shutdown()
+    assert forwards.count(False) == len(minis[1])  # the old pass: mini-batch 1 only
+    assert forwards.count(True) == len(minis[0]) + len(minis[1])
+    assert metrics["actor/grad_norm"] > 0
