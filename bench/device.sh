@@ -9,6 +9,7 @@
 #   bash bench/device.sh vllm      # bench.sampler with the vLLM engine (after .vbundle is installed)
 #   bash bench/device.sh evals     # bench.sandbox, bench.reward_streaming (smaller)
 #   bash bench/device.sh sync      # the GPU weight-sync test, bench.weight_sync (cuda_ipc), the RL step at 32k
+#   bash bench/device.sh sampler   # bench.sampler (hf) with the engine's generate time per path
 #   bash bench/device.sh scale     # the compiled RL step at 0.5B and 1.5B, bench.sampler (hf) with 6 repeats
 # Needs .devpkgs installed into /tmp/site (bash .devpkgs/install.sh), built on the CPU machine with
 #   EXTRA="verl==0.9.1 codetiming tensordict==0.10.0 pyvers torchdata==0.11.0 pylatexenc dill orjson" \
@@ -16,7 +17,7 @@
 # (orjson: verl.utils.tracking imports it; the 2026-12-02 run lacked it and the trainer could not start). Every bench has its own time
 # limit, so one that hangs costs only its share; results are re-packed into $OUT after each.
 set -u
-part=${1:?usage: bench/device.sh compile|build|gpu|mfu|stream|recheck|vllm|evals|sync|scale}
+part=${1:?usage: bench/device.sh compile|build|gpu|mfu|stream|recheck|vllm|evals|sync|scale|sampler}
 out=${OUT:-/tmp/bench_out}
 res=/tmp/bench_res/$part
 mkdir -p "$res" "$out"
@@ -127,6 +128,10 @@ scale)  # 2026-12-03 (fifth session): the RL step without the first mini-batch's
   step trainer_rl_1p5b 200 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer \
        --preset qwen1.5b --rows 64 --min-len 256 --max-len 4096 --steps 2 --layouts "" --compile --rl-step \
        --rl-budgets 16384 --rl-chunks 1024 --prompt-len 512 --out "$res/trainer_rl_1p5b_h200.json"
+  step sampler_hf 200 $py -m bench.sampler --engine hf --preset qwen0.5b --dtype bfloat16 --tasks 4 \
+       --trajectories 8 --max-tokens 128 --repeats 6 --out "$res/sampler_hf_h200.json"
+  ;;
+sampler)  # bench.sampler (hf) alone, with the engine's own generate time per path
   step sampler_hf 200 $py -m bench.sampler --engine hf --preset qwen0.5b --dtype bfloat16 --tasks 4 \
        --trajectories 8 --max-tokens 128 --repeats 6 --out "$res/sampler_hf_h200.json"
   ;;

@@ -89,11 +89,20 @@ async def through_worker(pool: Any, tasks: list[Any], step: int) -> tuple[int, f
     return tokens, time.perf_counter() - t0
 
 
-def best(runs: list[tuple[int, float]]) -> dict[str, float]:
+def best(runs: list[tuple[int, float]], before: dict[str, float] | None = None,
+         after: dict[str, float] | None = None) -> dict[str, float]:
+    """The fastest run, the median rate, and from the engine's counters over all the runs (when
+    given): the engine's own generate time and batch count per run. Engine time close to the
+    wall means generate itself ran slower (contention); far below it, the wrapper waited."""
     tps = [n / w for n, w in runs if w > 0]
     i = max(range(len(tps)), key=tps.__getitem__)
-    return {"tokens": runs[i][0], "wall_s": runs[i][1], "tokens_per_s": tps[i],
-            "tokens_per_s_median": sorted(tps)[len(tps) // 2]}
+    out = {"tokens": runs[i][0], "wall_s": runs[i][1], "tokens_per_s": tps[i],
+           "tokens_per_s_median": sorted(tps)[len(tps) // 2]}
+    if before is not None and after is not None:
+        out["wall_s_mean"] = sum(w for _, w in runs) / len(runs)
+        out["engine_s_mean"] = (after["gen_s"] - before["gen_s"]) / len(runs)
+        out["batches_per_run"] = (after["batches"] - before["batches"]) / len(runs)
+    return out
 
 
 async def in_process(args: Any, model_cfg: Any, rollout: Any) -> list[dict[str, Any]]:
@@ -106,12 +115,14 @@ async def in_process(args: Any, model_cfg: Any, rollout: Any) -> list[dict[str, 
     rows = []
     try:
         await engine_alone(engine, tokenizer, env, tasks, rollout)  # warm-up
+        before = dict(engine.stats())
         alone = [await engine_alone(engine, tokenizer, env, tasks, rollout) for _ in range(args.repeats)]
-        rows.append({"path": "engine", **best(alone)})
+        rows.append({"path": "engine", **best(alone, before, dict(engine.stats()))})
         progress("sampler", rows[-1])
         await through_rollout(engine, tokenizer, env, tasks, rollout, 0)  # warm-up
+        before = dict(engine.stats())
         wrapped = [await through_rollout(engine, tokenizer, env, tasks, rollout, i) for i in range(args.repeats)]
-        rows.append({"path": "rollout (in process)", **best(wrapped)})
+        rows.append({"path": "rollout (in process)", **best(wrapped, before, dict(engine.stats()))})
         progress("sampler", rows[-1])
     finally:
         await engine.aclose()
@@ -127,6 +138,11 @@ async def in_process(args: Any, model_cfg: Any, rollout: Any) -> list[dict[str, 
     return rows
 
 
+async def engine_counters(pool: Any) -> dict[str, float]:
+    stats = (await pool.stats())[0]
+    return {k: stats[f"engine/{k}"] for k in ("gen_s", "batches")}
+
+
 async def in_worker(args: Any, model_cfg: Any, rollout: Any) -> dict[str, Any]:
     from pipeline.sampler import SamplerPool
 
@@ -138,8 +154,9 @@ async def in_worker(args: Any, model_cfg: Any, rollout: Any) -> dict[str, Any]:
     try:
         _, tasks = toy_tasks(args.tasks)
         await through_worker(pool, tasks, 0)  # warm-up
+        before = await engine_counters(pool)
         runs = [await through_worker(pool, tasks, i + 1) for i in range(args.repeats)]
-        return {"path": "SamplerWorker (Ray actor)", **best(runs)}
+        return {"path": "SamplerWorker (Ray actor)", **best(runs, before, await engine_counters(pool))}
     finally:
         pool.shutdown()
 
