@@ -201,10 +201,16 @@ def main() -> None:
     base = rows[0]["tokens_per_s"]
     for r in rows:
         r["overhead"] = 1.0 - r["tokens_per_s"] / base
+        if "engine_s_mean" in r:  # the time outside the engine's generate: the wrapper's own cost
+            r["outside_engine_share"] = 1.0 - r["engine_s_mean"] / r["wall_s_mean"]
     worst = max(r["overhead"] for r in rows[1:])
     extra = {"engine": args.engine, "preset": args.preset,
              "requests": args.tasks * args.trajectories, "max_tokens": args.max_tokens,
              "target_overhead_le_5pct": target(worst <= 0.05)}
+    if all("outside_engine_share" in r for r in rows):
+        # the tokens/s ratio carries the engine's own run-to-run variance (on the H200 the same
+        # HF batch took 1.8-6.6 s); the share of wall time spent outside generate does not
+        extra["target_outside_engine_le_5pct"] = target(max(r["outside_engine_share"] for r in rows) <= 0.05)
     report("sampler", args, rows, extra)
 
 
