@@ -95,10 +95,9 @@ def main() -> None:
     try:
         sd = trainer.full_state_dict()
         export = torch.bfloat16 if on_gpu else torch.float32
-        # bytes that travel: cuda_ipc sends a tied weight once, read from the trainer's own state
-        # dict (the gathered copy above holds it twice, in separate storage); the others send all
-        full_bytes = sum(t.numel() * export.itemsize for t in sd.values())
-        ipc_bytes = trainer.run_all("ipc_payload_bytes")[0]
+        # bytes that travel: every transport sends a tied weight once, which only the trainer's
+        # own state dict shows (the gathered copy above holds it twice, in separate storage)
+        nbytes = trainer.run_all("ipc_payload_bytes")[0]
         probe_names = [n for n in list(sd)[:: max(1, len(sd) // 4)]]
         expected = {n: float(sd[n].to(export).float().sum()) for n in probe_names}
         del sd
@@ -108,7 +107,6 @@ def main() -> None:
             got = ray.get(samplers.workers[0].__ray_call__.remote(sampler_probe, probe_names))
             ok = all(abs(got.get(n, float("nan")) - e) <= 1e-3 * max(1.0, abs(e)) for n, e in expected.items())
             med = statistics.median(times)
-            nbytes = ipc_bytes if transport == "cuda_ipc" else full_bytes
             rows.append({"transport": transport, "push_ms_median": med * 1e3, "push_ms_min": min(times) * 1e3,
                          "push_ms_max": max(times) * 1e3, "MB": nbytes / 1e6, "GB/s": nbytes / med / 1e9,
                          "weights_match": ok})
@@ -119,7 +117,7 @@ def main() -> None:
         pools.remove()
         ray.shutdown()
     gpu_rows = [r for r in rows if r["transport"] in ("cuda_ipc", "broadcast")] if on_gpu else []
-    extra = {"preset": args.preset, "payload_MB": full_bytes / 1e6, "export_dtype": str(export),
+    extra = {"preset": args.preset, "payload_MB": nbytes / 1e6, "export_dtype": str(export),
              "colocated": shared,
              "target_gpu_path_le_100ms": target(min(r["push_ms_median"] for r in gpu_rows) <= 100)
              if gpu_rows else "n/a"}

@@ -160,7 +160,8 @@ def ipc_release(worker: Any) -> None:
 
 
 def ipc_payload_bytes(worker: Any) -> int:
-    """Bytes one cuda_ipc push carries from this rank's state dict (a tied weight once)."""
+    """Bytes one push carries from this rank's state dict (a tied weight once), in the export
+    dtype: what cuda_ipc sends from each rank, and broadcast and the object store from rank 0."""
     itemsize = worker.export_dtype().itemsize
     return sum(t.numel() * itemsize for t in without_aliases(worker.model.state_dict()).values())
 
@@ -182,6 +183,14 @@ def without_aliases(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         seen.add(key)
         out[name] = t
     return out
+
+
+def alias_names(sd: dict[str, torch.Tensor]) -> set[str]:
+    """The names :func:`without_aliases` drops: a tied weight's second names. Read them from a
+    state dict whose tied entries share storage (the model's own, sharded or not), then drop them
+    from a gathered copy, where they no longer do."""
+    kept = without_aliases(sd)
+    return {name for name in sd if name not in kept}
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -210,6 +219,8 @@ def broadcast_prepare(worker: Any, version: int) -> BroadcastWeights | None:
         full_state_dict=True, cpu_offload=not on_gpu))
     if worker.rank != 0:
         return None
+    aliases = alias_names(worker.model.state_dict())  # a tied weight goes once, as with cuda_ipc
+    sd = {name: t for name, t in sd.items() if name not in aliases}
     layouts = [layout for bucket in plan_buckets(worker, sd) for layout in bucket]
     worker._broadcast_flats = pack(layouts, sd.__getitem__, worker.device)
     return BroadcastWeights(version, layouts)

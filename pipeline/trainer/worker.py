@@ -265,6 +265,15 @@ class TrainerWorker:
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return sd if self.rank == 0 else None
 
+    def exported_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """What a weight push sends (all ranks call; rank 0 gets it): the full state dict with a
+        tied weight under its first name only, since the engines tie it again themselves."""
+        from pipeline.weight_sync import alias_names
+
+        aliases = alias_names(self.model.state_dict())
+        sd = self.full_state_dict()
+        return None if sd is None else {name: t for name, t in sd.items() if name not in aliases}
+
     def export_dtype(self) -> torch.dtype:
         return _dtype(self.cfg.export_dtype, self.on_gpu)
 
@@ -288,7 +297,7 @@ class TrainerWorker:
         """Rank 0: one object-store ref per bucket (the refs stay alive until the next export)."""
         import ray
 
-        sd = self.full_state_dict()
+        sd = self.exported_state_dict()
         if sd is None:
             return None
         self._exported = [ray.put(b) for b in self.buckets(sd)]

@@ -12,8 +12,8 @@ from pipeline.rollout_config import load_rollout_config
 from pipeline.sampler import SamplerPool
 from pipeline.trainer import TrainerConfig, TrainerGroup, TrainerWorker
 from pipeline.trainer.worker import free_port
-from pipeline.weight_sync import (WeightSync, choose_transport, flat_layouts, ipc_bucket,
-                                  ipc_prepare, ipc_release, pack, without_aliases)
+from pipeline.weight_sync import (WeightSync, broadcast_prepare, choose_transport, flat_layouts,
+                                  ipc_bucket, ipc_prepare, ipc_release, pack, without_aliases)
 from rewards.interface import TaskRef
 from tests.pipeline.conftest import group
 
@@ -154,6 +154,15 @@ def test_ipc_buckets_pack_the_state_dict_within_the_limit():
         worker.model.model.norm.register_buffer("steps", torch.arange(5, dtype=torch.int32))
         expected = {k: v.to(torch.bfloat16) if v.is_floating_point() else v
                     for k, v in worker.full_state_dict().items()}
+        # the object store and broadcast send the tied weight once too (their gathered state
+        # dicts hold it twice, in separate storage)
+        assert set(worker.exported_state_dict()) == set(expected) - {"lm_head.weight"}
+        sent = broadcast_prepare(worker, version=1)
+        broadcast_names = {name for layout in sent.buffers for name, _, _ in layout.tensors}
+        assert broadcast_names == set(expected) - {"lm_head.weight"}
+        for layout, flat in zip(sent.buffers, worker._broadcast_flats):
+            for name, view in layout.views(flat):
+                assert torch.equal(view, expected[name]), name
         worker.rank = 1
         limit = cfg.weight_bucket_mb * 2**20
         n = ipc_prepare(worker)
