@@ -19,8 +19,10 @@ import fcntl
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -37,6 +39,7 @@ from sandbox.build import build_key, task_key, write_narrow_header
 from sandbox.config import BACKENDS, EvalConfig, validate
 from sandbox.gpu_probe import IsolationProbe, ProbeVerdict, choose_isolation
 from sandbox.result import EvalResult
+from sandbox.worker import read_result_line
 
 _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 _ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
@@ -49,8 +52,9 @@ _MARKER = "SANDBOX_EVAL_ID"
 _OVERRIDABLE = ("correctness_trials", "seed", "warmup_runs", "timing_runs", "timing_input_sets",
                 "compile_timeout_s", "run_timeout_s", "memory_limit_bytes", "excessive_speedup",
                 "cpu_threads", "poison_bytes", "gpu_flush_bytes", "cpu_flush_bytes")
-# The worker's result is one JSON line (at most 4 MiB of it is read; sandbox.worker caps it).
+# The worker's result is one tagged JSON line (at most 4 MiB of it is read; sandbox.worker caps it).
 _MAX_LINE = 8 * 1024 * 1024
+_KEY_BYTES = 32
 # Compile verdicts that depend only on the source: cached with the build.
 _CACHEABLE_FAILURES = ("compile_error", "load_error")
 
@@ -439,21 +443,33 @@ class EvalPool:
             extra["TORCH_CUDA_ARCH_LIST"] = arch
         if backend == "triton" and gpu is None:
             extra["TRITON_INTERPRET"] = "1"
+        # The worker's stdout is a pipe that a leftover process may reopen through /proc and write
+        # to (where neither a PID namespace nor Landlock keeps it out): only a line tagged with this
+        # step's key is its verdict. The key reaches the worker's outer process alone (sandbox.worker
+        # main), never through the request, the environment, argv or a file.
+        key = _new_step_key()
+        theirs: socket.socket | None = None
         t0 = time.monotonic()
         try:
+            theirs = _key_socket(key)
+            req["key_fd"] = theirs.fileno()
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "sandbox.worker", stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(workdir),
-                env=scrubbed_env(extra), start_new_session=True, limit=_MAX_LINE)
+                env=scrubbed_env(extra), start_new_session=True, limit=_MAX_LINE, pass_fds=(theirs.fileno(),))
         except OSError as exc:
             return _StepOutcome(None, detail=f"could not start the worker: {exc}")
+        finally:
+            if theirs is not None:
+                theirs.close()  # the worker has its own copy now
         self._live.add(proc)
         watch: dict[str, str] = {}
         watchdog = asyncio.ensure_future(self._watch(proc, cfg, use_as, watch))
         stderr_task = asyncio.ensure_future(proc.stderr.read())  # type: ignore[union-attr]
         held: tuple[Any, str] | None = None
         t_held = 0.0
-        last = b""
+        data: dict[str, Any] | None = None
+        untagged = 0
         try:
             await _send_line(proc, req, close=gate is None)
             deadline = time.monotonic() + limit_s
@@ -468,7 +484,10 @@ class EvalPool:
                     deadline += limit_s
                     await _send_line(proc, {"device": held[0]}, close=True)
                     continue
-                last = line
+                data = read_result_line(line, key)
+                if data is not None:
+                    break  # the first tagged line: the worker writes no other, and nothing else can tag one
+                untagged += 1
         except asyncio.TimeoutError:
             watch.setdefault("reason", "timeout")
         except (BrokenPipeError, ConnectionResetError, ValueError):
@@ -491,11 +510,11 @@ class EvalPool:
         extra_out = {"wall_s": now - t0, "device": held, "held_s": now - t_held if held is not None else None}
         if "reason" in watch:
             return _StepOutcome(None, killed_for=watch["reason"], detail=watch.get("detail", ""), **extra_out)
-        try:
-            return _StepOutcome(json.loads(last), **extra_out)
-        except json.JSONDecodeError:
-            detail = f"worker exit code {proc.returncode}; stderr: {stderr.decode('utf-8', 'replace')[-500:]}"
+        if data is None:  # as a worker that wrote nothing: lost (run again, then a sandbox error)
+            ignored = f"; {untagged} untagged line(s) ignored" if untagged else ""
+            detail = f"worker exit code {proc.returncode}{ignored}; stderr: {stderr.decode('utf-8', 'replace')[-500:]}"
             return _StepOutcome(None, detail=detail, **extra_out)
+        return _StepOutcome(data, **extra_out)
 
     async def _watch(self, proc: asyncio.subprocess.Process, cfg: EvalConfig, rlimit_as: bool,
                      watch: dict[str, str]) -> None:
@@ -556,6 +575,26 @@ class EvalPool:
     def _store_ref_ms(self, tkey: str, ms: float) -> None:
         self._ref_ms[tkey] = ms
         (self.cache / "refs" / f"{tkey}.json").write_text(json.dumps({"ref_runtime_ms": ms}))
+
+
+def _new_step_key() -> bytes:
+    """A fresh key for each worker process (tests replace this to know it)."""
+    return secrets.token_bytes(_KEY_BYTES)
+
+
+def _key_socket(key: bytes) -> socket.socket:
+    """The worker's end of a socket pair that already holds ``key`` (ours is closed: the worker
+    reads the key, then end of file). A socket, unlike a pipe, cannot be reopened through
+    /proc/<pid>/fd, so no other process can read the key while it waits there."""
+    ours, theirs = socket.socketpair()
+    try:
+        ours.sendall(key)
+    except OSError:
+        theirs.close()
+        raise
+    finally:
+        ours.close()
+    return theirs
 
 
 async def _send_line(proc: asyncio.subprocess.Process, obj: Any, close: bool) -> None:

@@ -1,11 +1,13 @@
 """Child process of one evaluation step: ``python -m sandbox.worker`` (JSON request on stdin).
 
-Writes exactly one line on stdout: the result JSON (an EvalResult dict plus internal keys).
+Writes exactly one line on stdout: the result JSON (an EvalResult dict plus internal keys), after
+a tag that proves the line is this process's (:func:`result_line`).
 
 Three processes, so that no candidate code shares an address space with the verdict:
 
 * outer (this module's ``main``): applies limits, namespaces and Landlock, then forks the harness
-  and keeps the tail of everything the harness and the candidate print (spam costs nothing).
+  and keeps the tail of everything the harness and the candidate print (spam costs nothing). It
+  alone holds the step's result key, which it takes only after that fork.
 * harness (PID 1 of its own PID namespace where allowed: when it exits, every process left in the
   namespace is killed): loads the task; in ``compile`` mode imports the candidate (``load_inline``
   builds into the content-addressed build dir); in ``run`` mode forks the candidate process, then,
@@ -18,10 +20,12 @@ Three processes, so that no candidate code shares an address space with the verd
 """
 from __future__ import annotations
 
+import hmac
 import json
 import os
 import select
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -30,6 +34,7 @@ from typing import Any
 from sandbox import isolation
 
 _MAX_RESULT_BYTES = 4 * 1024 * 1024
+_KEY_BYTES = 32
 
 
 def main() -> int:
@@ -50,10 +55,19 @@ def main() -> int:
                                               mounts=iso["pids"] and "mountns" not in drop)
     applied += namespaces
     log_r, log_w = os.pipe()
-    res_r, res_w = os.pipe()
+    # A socket, not a pipe: where neither a PID namespace nor Landlock keeps the candidate out of the
+    # harness's /proc, it (or a process it left behind) could reopen a pipe through
+    # /proc/<harness>/fd and wrap the harness's result in a verdict of its own. A socket cannot be
+    # reopened that way, and the candidate closes its inherited end before its code runs.
+    res_r, res_w = (s.detach() for s in socket.socketpair())
     conf_r, conf_w = os.pipe()  # the harness reports the measures it applied itself
+    key_fd = req.get("key_fd")
     pid = os.fork()
     if pid == 0:  # harness
+        # First, before anything else: the harness (which imports the candidate in a compile step)
+        # and the candidate process it forks in a run step never hold the key, nor its socket.
+        if key_fd is not None:
+            os.close(key_fd)
         os.close(log_r)
         os.close(res_r)
         os.close(conf_r)
@@ -77,6 +91,12 @@ def main() -> int:
             result = {"stage": "load", "error_kind": "sandbox_error", "error": f"harness failed: {exc!r}"}
         _write_all(res_w, json.dumps(result).encode())
         os._exit(0)
+    # Only now, in this process alone, the key. Read before the fork, it would be in the memory the
+    # harness is forked with, and so in the memory of the candidate the harness forks (a candidate
+    # can read its own copy). This process runs no candidate code and forks nothing else; its own
+    # memory is another process's to read only with ptrace rights (Landlock, the PID namespace and
+    # Yama's ptrace_scope each deny the candidate those).
+    key = _take_key(key_fd) if key_fd is not None else b""
     os.close(log_w)
     os.close(res_w)
     os.close(conf_w)
@@ -92,9 +112,49 @@ def main() -> int:
     result["isolation"] = sorted(set(applied + result.get("isolation", [])))
     result.setdefault("wall_s", {})["worker_total"] = round(time.monotonic() - t0, 3)
     result["log_tail"] = tail.decode("utf-8", "replace")
-    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.buffer.write(result_line(result, key))
     sys.stdout.flush()
     return 0
+
+
+def _take_key(fd: int) -> bytes:
+    """The step's result key, which the pool wrote to a socket passed as ``key_fd`` (a socket, so
+    that no other process can reopen it through /proc/<pid>/fd while the key waits in it)."""
+    key = b""
+    try:
+        while len(key) < _KEY_BYTES:
+            chunk = os.read(fd, _KEY_BYTES - len(key))
+            if not chunk:
+                break
+            key += chunk
+    finally:
+        os.close(fd)
+    return key
+
+
+def result_tag(key: bytes, body: bytes) -> bytes:
+    """HMAC-SHA256 of ``body`` under ``key``, in hex: no space or newline in it."""
+    return hmac.new(key, body, "sha256").hexdigest().encode()
+
+
+def result_line(result: dict[str, Any], key: bytes) -> bytes:
+    """``<tag> <json>\n``: the tag is an HMAC of the JSON under the step's key. Not the key itself:
+    whoever can write to this process's stdout (a reopened /proc/<pid>/fd/1) can read it too, so a
+    line that merely carried the key would hand it to the forger."""
+    body = json.dumps(result).encode()
+    return result_tag(key, body) + b" " + body + b"\n"
+
+
+def read_result_line(line: bytes, key: bytes) -> dict[str, Any] | None:
+    """The result of a line :func:`result_line` made with ``key``; None for any other line."""
+    tag, sep, body = line.rstrip(b"\n").partition(b" ")
+    if not sep or not hmac.compare_digest(tag, result_tag(key, body)):
+        return None
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _confine(req: dict[str, Any], scope: bool, proc_all: bool = False) -> list[str]:
@@ -306,9 +366,10 @@ def _run_step(req: dict[str, Any], res_fd: int, gate: _Gate | None = None) -> di
         references = _reference_outputs(req, task)
         result["wall_s"]["reference"] = round(time.perf_counter() - t, 3)
         msg = _await(chan, deadline, pid, "correctness")
-        result["wall_s"].update(msg.get("wall_s", {}))
+        result["wall_s"].update(_reported_wall_s(msg, ("load", "correctness")))
         if not msg.get("ok"):
-            stage = str(msg.get("stage", "correctness"))
+            stage = msg.get("stage")
+            stage = stage if stage in _CANDIDATE_STAGES else "correctness"
             kind, error = _reported_failure(msg)
             result.update(stage=stage, error_kind=kind, error=error, compiled=stage not in ("load", "compile"))
             return result
@@ -331,7 +392,7 @@ def _run_step(req: dict[str, Any], res_fd: int, gate: _Gate | None = None) -> di
         if not isinstance(times, list) or not times or not all(isinstance(x, (int, float)) for x in times):
             # a forged message (the channel is the candidate's too): never a sandbox error
             raise _CandidateLost("runtime_error", "the candidate process sent malformed timings", "timing")
-        result["wall_s"]["timing"] = (msg.get("wall_s") or {}).get("timing")
+        result["wall_s"]["timing"] = _reported_wall_s(msg, ("timing",)).get("timing")
         new_ms = protocol.median_ms(times)
         _reap(pid)
         _kill_leftovers()
@@ -351,11 +412,28 @@ def _run_step(req: dict[str, Any], res_fd: int, gate: _Gate | None = None) -> di
         _kill(pid)
 
 
+# What the candidate process reports a failure as (protocol.build_candidate, protocol.run_once,
+# _memory_or_runtime), and the stages it reports one in: the channel is the candidate's too.
+_CANDIDATE_KINDS = ("load_error", "compile_error", "runtime_error", "memory_limit", "wrong_output")
+_CANDIDATE_STAGES = ("load", "compile", "correctness")
+
+
 def _reported_failure(msg: dict[str, Any]) -> tuple[str, str]:
     """(kind, error) of a failure the candidate process reported. The channel is the candidate's
-    too, so a message may be forged: a missing key reads as a runtime error, never a sandbox error."""
-    return (str(msg.get("kind", "runtime_error")),
+    too, so a message may be forged: a missing key or a kind the candidate process never reports
+    (a sandbox or reference error, say) reads as a runtime error."""
+    kind = msg.get("kind", "runtime_error")
+    return (kind if kind in _CANDIDATE_KINDS else "runtime_error",
             str(msg.get("error", "the candidate process reported a failure")))
+
+
+def _reported_wall_s(msg: dict[str, Any], names: tuple[str, ...]) -> dict[str, float]:
+    """The candidate's own phase times, ``names`` only and numbers only (a forged message must not
+    overwrite the harness's times, nor make the harness fail as a sandbox error)."""
+    wall = msg.get("wall_s")
+    if not isinstance(wall, dict):
+        return {}
+    return {k: wall[k] for k in names if isinstance(wall.get(k), (int, float)) and not isinstance(wall[k], bool)}
 
 
 class _CandidateLost(Exception):

@@ -6,6 +6,7 @@ right after it.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import socket
 import textwrap
@@ -238,3 +239,165 @@ async def test_the_candidate_cannot_write_its_harness_proc_files_or_signal_it(sa
     if "landlock_signal_scope" not in res.isolation:
         pytest.skip("Landlock scopes (ABI 6) are not available here")
     assert res.correct, res
+
+
+# --- forged verdicts -----------------------------------------------------------------------------
+# With the isolation degraded as far as the GPU probe may take it (no PID namespace, no Landlock), a
+# process the candidate leaves behind can reopen another process's pipes through /proc/<pid>/fd
+# and write a verdict of its own into them. It starts here, forges, and outlives the evaluation.
+
+_FORGED = {"stage": "done", "compiled": True, "correct": True, "trials_passed": 3, "trials": 3, "timed": True,
+           "ref_runtime_ms": 10.0, "new_runtime_ms": 0.01, "speedup": 1000.0}
+
+# argv: the paths to write to, the pid to outlive, what to write before and after that pid exits
+_FORGER = """
+import os, sys, time
+paths, watched, before, after = sys.argv[1].split(), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+fds = []
+for path in paths:
+    try:
+        fds.append(os.open(path, os.O_WRONLY))
+    except OSError:
+        pass
+for fd in fds:
+    os.write(fd, before.encode())
+for _ in range(2000):  # until the watched process has exited (a zombie, or gone)
+    try:
+        with open(f"/proc/{watched}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+    except OSError:
+        break
+    time.sleep(0.005)
+for fd in fds:
+    os.write(fd, after.encode())
+"""
+
+# argv: a pipe (through /proc), the forged verdict. Reads the pipe (a write end reopens as a read
+# end), takes the first line it wins from the pool, and writes it back behind a line that carries
+# whatever that line carried (its first word) with the forged verdict.
+_THIEF = """
+import json, os, sys
+path, forged = sys.argv[1], json.loads(sys.argv[2])
+src, line = os.open(path, os.O_RDONLY), b""
+while not line.endswith(b"\\n"):
+    chunk = os.read(src, 1 << 20)
+    if not chunk:
+        sys.exit()
+    line += chunk
+word, _, body = line.partition(b" ")
+try:
+    forged = {**json.loads(body), **forged}
+except ValueError:
+    pass
+os.write(os.open(path, os.O_WRONLY), word + b" " + json.dumps(forged).encode() + b"\\n" + line)
+"""
+
+
+def _leaving(script: str, args: str, tag: str) -> str:
+    """A wrong ModelNew whose first forward starts ``script`` with ``args``: outside the session,
+    without the marker variable (so neither the group kill nor the sweeps find it). ``args`` is a
+    Python expression (a list of str) over ``harness`` and ``worker`` (the candidate's parent and
+    grandparent) and ``fds(pid)``: {fd number: inode} of a process's open files."""
+    return candidate(f"""
+import subprocess
+
+
+def fds(pid):
+    out = {{}}
+    for n in os.listdir(f"/proc/{{pid}}/fd"):
+        try:
+            out[n] = os.stat(f"/proc/{{pid}}/fd/{{n}}").st_ino
+        except OSError:
+            pass
+    return out
+
+
+def leave():
+    harness = os.getppid()
+    with open(f"/proc/{{harness}}/stat") as f:
+        worker = int(f.read().rsplit(")", 1)[1].split()[1])
+    subprocess.Popen([sys.executable, "-c", {script!r}, *({args}), {tag!r}], env={{}}, start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+class ModelNew(nn.Module):
+    started = False
+
+    def forward(self, x):
+        if not ModelNew.started:
+            ModelNew.started = True
+            leave()
+        return torch.zeros_like(x)
+""")
+
+
+def _kill_tagged(tag: str) -> None:
+    for p in psutil.process_iter(["cmdline"]):
+        if tag in (p.info["cmdline"] or []):
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+
+
+@pytest.fixture
+def degraded_cfg(sandbox_cfg):
+    return dataclasses.replace(sandbox_cfg, pid_namespace=False, restrict_writes=False)
+
+
+async def _evaluate_leaving(cfg, script: str, args: str):
+    tag = f"leftover-{time.time_ns()}"
+    try:
+        res = await _evaluate(cfg, _leaving(script, args, tag))
+    finally:
+        _kill_tagged(tag)
+    assert "pidns" not in res.isolation and "landlock_fs" not in res.isolation, res.isolation
+    return res
+
+
+async def test_a_verdict_line_forged_on_the_worker_stdout_is_ignored(degraded_cfg):
+    # the forged line goes after the worker's own, through the worker's /proc/<pid>/fd/1
+    args = f"[f'/proc/{{worker}}/fd/1', str(worker), '', {json.dumps(_FORGED) + chr(10)!r}]"
+    res = await _evaluate_leaving(degraded_cfg, _FORGER, args)
+    assert not res.correct and res.error_kind == "wrong_output", res
+
+
+async def test_a_verdict_line_stolen_from_the_worker_stdout_cannot_vouch_for_a_forged_one(degraded_cfg):
+    # were the worker's line to carry its step's secret as it is, the thief would now have it
+    args = f"[f'/proc/{{worker}}/fd/1', {json.dumps(_FORGED)!r}]"
+    res = await _evaluate_leaving(degraded_cfg, _THIEF, args)
+    assert not res.correct and res.error_kind == "wrong_output", res
+
+
+async def test_a_verdict_forged_into_the_harness_result_channel_is_refused(degraded_cfg):
+    # The harness's result channel is the one file of the harness the candidate holds no end of. The
+    # forger wraps the harness's own result: '{forged..., "real": ' before it, '}' after it.
+    paths = ("' '.join(f'/proc/{harness}/fd/{n}' for n, ino in fds(harness).items() "
+             "if ino not in set(fds(os.getpid()).values()))")
+    before = json.dumps(_FORGED)[:-1] + ', "real": '
+    args = f"[{paths}, str(harness), {before!r}, '}}']"
+    res = await _evaluate_leaving(degraded_cfg, _FORGER, args)
+    assert not res.correct and res.error_kind == "wrong_output", res
+
+
+async def test_a_failure_forged_on_the_candidate_channel_is_only_the_candidates_own(sandbox_cfg):
+    # The candidate process's channel to its harness is the candidate's to write: a failure sent
+    # there may claim any kind, stage or times. It stays a runtime error of the correctness stage,
+    # and malformed times neither overwrite the harness's nor make the harness fail.
+    forged = {"ok": False, "kind": "sandbox_error", "stage": "done", "error": "forged failure",
+              "wall_s": "not a dict"}
+    line = json.dumps(forged).encode() + b"\n"
+    src = candidate(
+        "for n in os.listdir('/proc/self/fd'):\n"
+        "    try:\n"
+        "        link = os.readlink(f'/proc/self/fd/{n}')\n"
+        "        mode = int(open(f'/proc/self/fdinfo/{n}').read().split('flags:')[1].split()[0], 8) & 3\n"
+        "    except (OSError, IndexError):\n"
+        "        continue\n"
+        "    if n not in ('1', '2') and link.startswith('pipe:') and mode == os.O_WRONLY:\n"
+        f"        os.write(int(n), {line!r})\n"
+        "os._exit(0)\n")
+    res = await _evaluate(sandbox_cfg, src)
+    assert not res.correct and res.error_kind == "runtime_error", res
+    assert res.stage == "correctness" and res.error == "forged failure", res
