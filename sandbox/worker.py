@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
 import os
 import select
 import signal
@@ -389,7 +390,7 @@ def _run_step(req: dict[str, Any], res_fd: int, gate: _Gate | None = None) -> di
             result.update(correct=False, error_kind=kind, error=error)
             return result
         times = msg.get("times")
-        if not isinstance(times, list) or not times or not all(isinstance(x, (int, float)) for x in times):
+        if not _plausible_times(times):
             # a forged message (the channel is the candidate's too): never a sandbox error
             raise _CandidateLost("runtime_error", "the candidate process sent malformed timings", "timing")
         result["wall_s"]["timing"] = _reported_wall_s(msg, ("timing",)).get("timing")
@@ -425,6 +426,19 @@ def _reported_failure(msg: dict[str, Any]) -> tuple[str, str]:
     kind = msg.get("kind", "runtime_error")
     return (kind if kind in _CANDIDATE_KINDS else "runtime_error",
             str(msg.get("error", "the candidate process reported a failure")))
+
+
+def _plausible_times(times: Any) -> bool:
+    """Timings as the candidate process measures them: a non-empty list of finite, non-negative
+    milliseconds with a positive median. Anything else was forged on the channel (a zero, negative
+    or NaN median would read as an infinite speedup, which ``excessive_speedup: cap`` credits at
+    the cap)."""
+    if not isinstance(times, list) or not times:
+        return False
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+               for x in times):
+        return False
+    return sorted(times)[len(times) // 2] > 0
 
 
 def _reported_wall_s(msg: dict[str, Any], names: tuple[str, ...]) -> dict[str, float]:

@@ -401,3 +401,29 @@ async def test_a_failure_forged_on_the_candidate_channel_is_only_the_candidates_
     res = await _evaluate(sandbox_cfg, src)
     assert not res.correct and res.error_kind == "runtime_error", res
     assert res.stage == "correctness" and res.error == "forged failure", res
+
+
+@pytest.mark.parametrize("times", [[0.0, 0.0, 0.0], [-1.0, -1.0, -1.0], ["nan"]])
+async def test_timings_forged_on_the_candidate_channel_are_no_speedup(times, sandbox_cfg):
+    # A correct candidate that, once timing starts, sends its harness timings of its own making: a
+    # zero, negative or NaN median would read as an infinite speedup (flagged, but credited at the
+    # cap under excessive_speedup: cap). It is a runtime error of the timing stage instead.
+    forged = {"ok": True, "times": [float(t) for t in times], "wall_s": {"timing": 0.1}}
+    line = json.dumps(forged).encode() + b"\n"
+    src = forward(
+        f"self.calls += 1\n"
+        f"if self.calls > {sandbox_cfg.correctness_trials}:\n"
+        "    for n in os.listdir('/proc/self/fd'):\n"
+        "        try:\n"
+        "            link = os.readlink(f'/proc/self/fd/{n}')\n"
+        "            mode = int(open(f'/proc/self/fdinfo/{n}').read().split('flags:')[1].split()[0], 8) & 3\n"
+        "        except (OSError, IndexError):\n"
+        "            continue\n"
+        "        if n not in ('1', '2') and link.startswith('pipe:') and mode == os.O_WRONLY:\n"
+        f"            os.write(int(n), {line!r})\n"
+        "    os._exit(0)\n"
+        "return x.clamp_min(0)",
+        init="self.calls = 0")
+    res = await _evaluate(sandbox_cfg, src)
+    assert not res.correct and res.error_kind == "runtime_error", res
+    assert res.stage == "timing" and "malformed timings" in (res.error or ""), res
