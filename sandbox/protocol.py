@@ -149,7 +149,9 @@ def poison_host_allocations(enabled: bool) -> bool:
     """While on, every host allocation (``torch.empty`` on CPU included) starts as NaN bytes.
 
     Deterministic, unlike filling and freeing a buffer and hoping the allocator hands it back: a heap
-    already fragmented by earlier work serves small requests from stale blocks. Turned off for timing,
+    already fragmented by earlier work serves small requests from stale blocks. Only with glibc's
+    per-thread cache off (``GLIBC_TUNABLES=glibc.malloc.tcache_count=0``, set by the pool for every
+    worker): blocks that pass through that cache skip the fill. Turned off for timing,
     where the fill would be charged to the candidate alone. Returns whether glibc took the setting.
     """
     return _mallopt(_M_PERTURB, _PERTURB_TO_NAN if enabled else 0)
@@ -257,13 +259,22 @@ def _chunks_of(n: torch.Tensor, r: torch.Tensor):
 
 def compare_outputs(new: list[torch.Tensor], ref: list[torch.Tensor], tolerance: dict[str, Any]) -> Mismatch | None:
     """None when every output matches; otherwise the first wrong output and how it is wrong."""
+    return compare_with_errors(new, ref, tolerance)[0]
+
+
+def compare_with_errors(new: list[torch.Tensor], ref: list[torch.Tensor],
+                        tolerance: dict[str, Any]) -> tuple[Mismatch | None, float, float]:
+    """:func:`compare_outputs` and, in the same pass (a passing trial's record, computed while
+    the GPU is held), the largest absolute and relative error over every output compared. A
+    position where both sides are NaN or infinite counts as no error."""
     if len(new) != len(ref):
-        return Mismatch(None, f"candidate returned {len(new)} outputs, the reference {len(ref)}")
+        return Mismatch(None, f"candidate returned {len(new)} outputs, the reference {len(ref)}"), 0.0, 0.0
+    worst_abs = worst_rel = 0.0
     for i, (n, r) in enumerate(zip(new, ref)):
         if tuple(n.shape) != tuple(r.shape):
-            return Mismatch(i, f"output {i}: shape {tuple(n.shape)}, expected {tuple(r.shape)}")
+            return Mismatch(i, f"output {i}: shape {tuple(n.shape)}, expected {tuple(r.shape)}"), worst_abs, worst_rel
         if n.dtype != r.dtype:
-            return Mismatch(i, f"output {i}: dtype {n.dtype}, expected {r.dtype}")
+            return Mismatch(i, f"output {i}: dtype {n.dtype}, expected {r.dtype}"), worst_abs, worst_rel
         if n.numel() == 0:
             continue
         atol, rtol = tolerance_for(r.dtype, tolerance)
@@ -272,29 +283,21 @@ def compare_outputs(new: list[torch.Tensor], ref: list[torch.Tensor], tolerance:
         for nf, rf in _chunks_of(n, r):
             finite_r = torch.isfinite(rf)
             bad_new += int((~torch.isfinite(nf) & finite_r).sum())
-            diff = (nf - rf).abs()
-            diff = torch.where(finite_r | torch.isfinite(nf), diff, torch.zeros_like(diff))
+            both_nonfinite = ~(finite_r | torch.isfinite(nf))
+            zero = torch.zeros((), dtype=nf.dtype, device=nf.device)
+            diff = torch.where(both_nonfinite, zero, (nf - rf).abs())
+            rel = torch.where(both_nonfinite, zero, diff / rf.abs().clamp_min(1e-12))
             abs_err = max(abs_err, float(diff.nan_to_num(nan=math.inf).max()))
-            rel_err = max(rel_err, float((diff / rf.abs().clamp_min(1e-12)).nan_to_num(nan=math.inf).max()))
+            rel_err = max(rel_err, float(rel.nan_to_num(nan=math.inf).max()))
             close = close and bool(torch.isclose(nf, rf, atol=atol, rtol=rtol, equal_nan=True).all())
+        worst_abs, worst_rel = max(worst_abs, abs_err), max(worst_rel, rel_err)
         if bad_new:
             return Mismatch(i, f"output {i}: {bad_new} NaN/Inf values where the reference is finite",
-                            abs_err, rel_err)
+                            abs_err, rel_err), worst_abs, worst_rel
         if not close:
             return Mismatch(i, f"output {i}: max abs error {abs_err:.3g}, max rel error {rel_err:.3g} "
-                               f"(atol {atol:g}, rtol {rtol:g})", abs_err, rel_err)
-    return None
-
-
-def max_errors(new: list[torch.Tensor], ref: list[torch.Tensor]) -> tuple[float, float]:
-    """Largest absolute and relative error over all outputs (for a passing trial's record)."""
-    worst_abs = worst_rel = 0.0
-    for n, r in zip(new, ref):
-        for nf, rf in _chunks_of(n, r) if n.numel() else ():
-            d = (nf - rf).abs()
-            worst_abs = max(worst_abs, float(d.max()))
-            worst_rel = max(worst_rel, float((d / rf.abs().clamp_min(1e-12)).max()))
-    return worst_abs, worst_rel
+                               f"(atol {atol:g}, rtol {rtol:g})", abs_err, rel_err), worst_abs, worst_rel
+    return None, worst_abs, worst_rel
 
 
 # --- timing -------------------------------------------------------------------------------------

@@ -576,13 +576,12 @@ def _check(req: dict[str, Any], references: list[list[Any]], outputs_path: Path)
             return {"correct": False, "error_kind": "runtime_error", "error": "candidate outputs malformed"}
         if device.startswith("cuda"):
             new = [x.to(device) for x in new]
-        bad = protocol.compare_outputs(new, ref, req["tolerance"])
+        bad, a, r = protocol.compare_with_errors(new, ref, req["tolerance"])
         if bad is not None:
             return {"correct": False, "error_kind": "wrong_output", "error": f"trial {i}: {bad.message}",
                     "which_output": bad.which_output, "max_abs_err": bad.max_abs_err,
                     "max_rel_err": bad.max_rel_err, "trials_passed": i,
                     "wall_s_check": round(time.perf_counter() - t, 3)}
-        a, r = protocol.max_errors(new, ref)
         worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, r)
     return {"correct": True, "trials_passed": trials, "max_abs_err": worst_abs, "max_rel_err": worst_rel,
             "wall_s_check": round(time.perf_counter() - t, 3)}

@@ -427,3 +427,13 @@ async def test_timings_forged_on_the_candidate_channel_are_no_speedup(times, san
     res = await _evaluate(sandbox_cfg, src)
     assert not res.correct and res.error_kind == "runtime_error", res
     assert res.stage == "timing" and "malformed timings" in (res.error or ""), res
+
+
+async def test_candidates_run_with_glibcs_per_thread_cache_off(sandbox_cfg):
+    # Blocks passing through glibc's per-thread cache skip the NaN fill that makes an unwritten
+    # output read as NaN (tests/sandbox/test_protocol.py): every worker starts with it off.
+    src = forward("tunables = os.environ.get('GLIBC_TUNABLES')\n"
+                  "assert tunables == 'glibc.malloc.tcache_count=0', tunables\n"
+                  "return x.clamp_min(0)")
+    res = await _evaluate(sandbox_cfg, src)
+    assert res.correct, res
