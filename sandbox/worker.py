@@ -361,7 +361,10 @@ def _run_step(req: dict[str, Any], res_fd: int, gate: _Gate | None = None) -> di
         result["wall_s"]["device_wait"] = round(waited, 3)
     try:
         # sent before any candidate code ran in that process, so the candidate cannot forge it
-        result["candidate_isolation"] = list(_await(chan, deadline, pid, "load").get("isolation", []))
+        reported = _await(chan, deadline, pid, "load").get("isolation", [])
+        # a leftover of another step (no PID namespace) could still write here: names only, or none
+        result["candidate_isolation"] = ([m for m in reported if isinstance(m, str)]
+                                         if isinstance(reported, list) else [])
         # the reference outputs while the candidate computes its own: trusted work off the serial path
         t = time.perf_counter()
         references = _reference_outputs(req, task)
