@@ -3,7 +3,7 @@
 #   bash bench/device.sh compile   # bench.cuda_isolation, sandbox selfcheck (cuda), bench.sandbox
 #   bash bench/device.sh build     # bench.cuda_build (plain torch vs narrow header)
 #   bash bench/device.sh gpu       # bench.trainer (padded + the RL step), bench.weight_sync
-#   bash bench/device.sh mfu       # bench.trainer with flex_attention, the RL step and the loop with compiled layers
+#   bash bench/device.sh mfu       # bench.trainer with flex_attention, the bench loop with compiled layers
 #   bash bench/device.sh recheck   # bench.cuda_isolation, bench.pipeline at 8 steps (one GPU)
 #   bash bench/device.sh stream    # bench.reward_streaming (cuda), bench.sampler (hf)
 #   bash bench/device.sh vllm      # bench.sampler with the vLLM engine (after .vbundle is installed)
@@ -72,11 +72,8 @@ mfu)  # the levers the 2026-12-03 profile points at, each against the padded sdp
   step trainer_flex 200 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer --preset qwen0.5b \
        --rows 64 --min-len 256 --max-len 4096 --token-budget 8192 --steps 2 --attn flex_attention \
        --layouts packed --out "$res/trainer_flex_h200.json"
-  # every decoder layer under torch.compile (fuses the eager elementwise work)
-  # the project's RL step with trainer.compile_layers, at the 32k budget of conf/algorithm/grpo_plus.yaml
-  step trainer_rl_compile 240 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer \
-       --preset qwen0.5b --rows 64 --min-len 256 --max-len 4096 --steps 2 --layouts "" --compile --rl-step \
-       --rl-budgets 32768 --rl-chunks 1024 --prompt-len 512 --out "$res/trainer_rl_compile_h200.json"
+  # every decoder layer under torch.compile (fuses the eager elementwise work); the project's RL
+  # step with trainer.compile_layers is in the `scale` part (measured 2026-12-03)
   step trainer_compile 250 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer --preset qwen0.5b \
        --rows 64 --min-len 256 --max-len 4096 --token-budget 8192 --steps 2 --compile --layouts padded,packed \
        --out "$res/trainer_compile_h200.json"
