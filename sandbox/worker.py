@@ -485,6 +485,10 @@ def _reap(pid: int) -> int | None:
         return None
 
 
+_PF_KTHREAD = 0x00200000  # /proc/<pid>/stat flags: a kernel thread (no environment, never ours)
+_UNSURE_ROUNDS = 10
+
+
 def _kill_leftovers(rounds: int = 50) -> int:
     """Kill what the candidate left running before the reference is timed: a busy loop it forked
     off would slow the reference, inflating this speedup and the reference time the pool caches
@@ -494,23 +498,28 @@ def _kill_leftovers(rounds: int = 50) -> int:
     own_proc = me == 1 and os.readlink("/proc/self") == "1"  # this namespace's /proc, not the host's
     needle = f"SANDBOX_EVAL_ID={os.environ.get('SANDBOX_EVAL_ID', '')}".encode()
     killed = 0
-    for _ in range(rounds):  # again until none is found: a leftover may fork while we scan
-        found = 0
+    for round_ in range(rounds):  # again until none is found: a leftover may fork while we scan
+        found = unsure = 0
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit() or int(entry.name) in (me, parent):
                 continue
             pid = int(entry.name)
             try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[-1].split()
+                if fields[0] == b"Z" or int(fields[6]) & _PF_KTHREAD:
+                    continue  # already dead, waiting to be reaped; or a kernel thread
                 if not own_proc:
                     with open(f"/proc/{pid}/environ", "rb") as f:
-                        if needle not in f.read().split(b"\0"):
-                            continue
-                with open(f"/proc/{pid}/stat", "rb") as f:
-                    if f.read().rsplit(b")", 1)[-1].split()[0] == b"Z":
-                        continue  # already dead, waiting to be reaped
+                        environ = f.read()
+                    if not environ:  # in the middle of an exec (a leftover's grandchild, say): look again
+                        unsure += 1
+                        continue
+                    if needle not in environ.split(b"\0"):
+                        continue
                 os.kill(pid, signal.SIGKILL)
                 found += 1
-            except (OSError, IndexError):
+            except (OSError, IndexError, ValueError):
                 continue
         while True:  # reap the ones reparented to this pid 1
             try:
@@ -519,7 +528,8 @@ def _kill_leftovers(rounds: int = 50) -> int:
             except ChildProcessError:
                 break
         killed += found
-        if not found:
+        # a process with an empty environment may also just have one: a few rounds for those
+        if not found and (not unsure or round_ >= _UNSURE_ROUNDS):
             break
         time.sleep(0.01)
     return killed
