@@ -185,12 +185,12 @@ def without_aliases(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def alias_names(sd: dict[str, torch.Tensor]) -> set[str]:
-    """The names :func:`without_aliases` drops: a tied weight's second names. Read them from a
-    state dict whose tied entries share storage (the model's own, sharded or not), then drop them
-    from a gathered copy, where they no longer do."""
-    kept = without_aliases(sd)
-    return {name for name in sd if name not in kept}
+def gathered_without_aliases(worker: Any, gathered: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A gathered (full) state dict without a tied weight's second names. A gathered copy no
+    longer shares storage between them, so the names come from the model's own state dict."""
+    own = worker.model.state_dict()
+    kept = without_aliases(own)
+    return {name: t for name, t in gathered.items() if name in kept or name not in own}
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -219,8 +219,7 @@ def broadcast_prepare(worker: Any, version: int) -> BroadcastWeights | None:
         full_state_dict=True, cpu_offload=not on_gpu))
     if worker.rank != 0:
         return None
-    aliases = alias_names(worker.model.state_dict())  # a tied weight goes once, as with cuda_ipc
-    sd = {name: t for name, t in sd.items() if name not in aliases}
+    sd = gathered_without_aliases(worker, sd)  # a tied weight goes once, as with cuda_ipc
     layouts = [layout for bucket in plan_buckets(worker, sd) for layout in bucket]
     worker._broadcast_flats = pack(layouts, sd.__getitem__, worker.device)
     return BroadcastWeights(version, layouts)

@@ -268,11 +268,10 @@ class TrainerWorker:
     def exported_state_dict(self) -> dict[str, torch.Tensor] | None:
         """What a weight push sends (all ranks call; rank 0 gets it): the full state dict with a
         tied weight under its first name only, since the engines tie it again themselves."""
-        from pipeline.weight_sync import alias_names
+        from pipeline.weight_sync import gathered_without_aliases
 
-        aliases = alias_names(self.model.state_dict())
         sd = self.full_state_dict()
-        return None if sd is None else {name: t for name, t in sd.items() if name not in aliases}
+        return None if sd is None else gathered_without_aliases(self, sd)
 
     def export_dtype(self) -> torch.dtype:
         return _dtype(self.cfg.export_dtype, self.on_gpu)

@@ -47,6 +47,16 @@ def test_plan_fills_ranks_to_equal_micro_batch_counts():
                     assert sum(lengths[r.rows[i]] for i in micro) <= 40
 
 
+def one_rank_step(batch, algo_cfg):
+    """The plan of a one-rank step over ``batch`` and the rows that rank holds."""
+    from pipeline.trainer.worker import BATCH_KEYS
+
+    lens = [int(x) for x in batch.attention_mask.sum(1)]
+    plan = plan_step(lens, [int(x) for x in batch.response_mask.sum(1)], 1, algo_cfg.ppo_mini_batches,
+                     algo_cfg.micro_batch_tokens)
+    return plan, {k: getattr(batch, k)[torch.tensor(plan.ranks[0].rows)] for k in BATCH_KEYS}
+
+
 @pytest.fixture(scope="module")
 def configs():
     model = group(ModelConfig, "model/tiny")
@@ -123,16 +133,13 @@ def test_chunked_log_probs_train_like_the_full_logits(configs):
     """verl's FusedLinearForPPO head (2-token chunks here, so every row spans several) gives the
     same step as log-probs from the full [tokens, vocab] logits: loss, grad norm and weights."""
     from pipeline.trainer import TrainerWorker
-    from pipeline.trainer.worker import BATCH_KEYS, free_port
+    from pipeline.trainer.worker import free_port
 
     model_cfg, trainer_cfg, algo_cfg = configs
     model, tok = load_model_and_tokenizer(model_cfg)
     samples = make_samples(len(tok), seed=3)
     batch = build_train_batch(samples, algo_cfg, MAX_RESPONSE, tok.pad_token_id)
-    lens = [int(x) for x in batch.attention_mask.sum(1)]
-    plan = plan_step(lens, [int(x) for x in batch.response_mask.sum(1)], 1, algo_cfg.ppo_mini_batches,
-                     algo_cfg.micro_batch_tokens)
-    shard = {k: getattr(batch, k)[torch.tensor(plan.ranks[0].rows)] for k in BATCH_KEYS}
+    plan, shard = one_rank_step(batch, algo_cfg)
     results = {}
     for chunk in (0, 2):
         worker = TrainerWorker(0, 1, model_cfg, dataclasses.replace(trainer_cfg, logprob_chunk_tokens=chunk),
@@ -156,15 +163,12 @@ def test_compiled_layers_train_like_eager_layers(configs):
     """trainer.compile_layers: each decoder layer under torch.compile, then FSDP2, gives the eager
     step (loss, grad norm, weights), and the compiled layers are what ran."""
     from pipeline.trainer import TrainerWorker
-    from pipeline.trainer.worker import BATCH_KEYS, free_port
+    from pipeline.trainer.worker import free_port
 
     model_cfg, trainer_cfg, algo_cfg = configs
     _, tok = load_model_and_tokenizer(model_cfg)
     batch = build_train_batch(make_samples(len(tok), seed=4), algo_cfg, MAX_RESPONSE, tok.pad_token_id)
-    lens = [int(x) for x in batch.attention_mask.sum(1)]
-    plan = plan_step(lens, [int(x) for x in batch.response_mask.sum(1)], 1, algo_cfg.ppo_mini_batches,
-                     algo_cfg.micro_batch_tokens)
-    shard = {k: getattr(batch, k)[torch.tensor(plan.ranks[0].rows)] for k in BATCH_KEYS}
+    plan, shard = one_rank_step(batch, algo_cfg)
     results = {}
     for compiled in (False, True):
         worker = TrainerWorker(0, 1, model_cfg, dataclasses.replace(trainer_cfg, compile_layers=compiled),
@@ -191,17 +195,14 @@ def test_first_mini_batch_reuses_its_own_forward_as_old_log_probs(configs):
     once, every later one twice. (That it trains like the sampler's exact log-probs is
     test_two_ranks_equal_one_rank_and_corrections_agree's bypass comparison.)"""
     from pipeline.trainer import TrainerWorker
-    from pipeline.trainer.worker import BATCH_KEYS, free_port
+    from pipeline.trainer.worker import free_port
 
     model_cfg, trainer_cfg, algo_cfg = configs
     _, tok = load_model_and_tokenizer(model_cfg)
     batch = build_train_batch(make_samples(len(tok), seed=5), algo_cfg, MAX_RESPONSE, tok.pad_token_id)
-    lens = [int(x) for x in batch.attention_mask.sum(1)]
-    plan = plan_step(lens, [int(x) for x in batch.response_mask.sum(1)], 1, algo_cfg.ppo_mini_batches,
-                     algo_cfg.micro_batch_tokens)
+    plan, shard = one_rank_step(batch, algo_cfg)
     minis = plan.ranks[0].mini_batches
     assert len(minis) == 2
-    shard = {k: getattr(batch, k)[torch.tensor(plan.ranks[0].rows)] for k in BATCH_KEYS}
     worker = TrainerWorker(0, 1, model_cfg, trainer_cfg, algo_cfg, MAX_RESPONSE, temperature=0.7,
                            total_optim_steps=4)
     worker.init("127.0.0.1", free_port())
