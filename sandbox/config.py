@@ -24,7 +24,8 @@ class EvalConfig:
     seed: int = MISSING                    # base seed; trial i uses seed + i
     warmup_runs: int = MISSING
     timing_runs: int = MISSING             # the reported runtime is their median
-    timing_input_sets: int = MISSING       # timing rotates over this many input sets
+    timing_input_sets: int = MISSING       # timing rotates over this many input buffers (values fresh every call)
+    checked_share: float = MISSING         # share of timed calls whose output the judge checks (>= 1 per input set)
     # keyed by torch dtype name without the "torch." prefix (float32, float16, bfloat16, ...)
     tolerance: dict[str, Tolerance] = field(default_factory=dict)
     compile_timeout_s: float = MISSING
@@ -33,7 +34,10 @@ class EvalConfig:
     max_open_files: int = MISSING
     max_processes: int = MISSING           # RLIMIT_NPROC; only where the kernel enforces it
     cpu_time_limit_s: int = MISSING        # RLIMIT_CPU of one worker process
-    max_file_size_bytes: int = MISSING     # RLIMIT_FSIZE: builds and saved outputs must fit
+    max_file_size_bytes: int = MISSING     # RLIMIT_FSIZE: a build's largest file must fit
+    max_build_dir_bytes: int = MISSING     # quota of one answer's build dir (checked after its compile step)
+    max_build_dir_files: int = MISSING
+    shm_bytes: int = MISSING               # size of each step's private /dev/shm (a tmpfs in its mount namespace)
     max_concurrent: int = MISSING          # evaluations in flight in one pool
     compile_workers: int = MISSING         # compile steps in flight in one pool
     cache_dir: str | None = MISSING        # null: a directory under the system temp dir

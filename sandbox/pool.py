@@ -35,11 +35,12 @@ from typing import Any
 
 import psutil
 
-from sandbox.build import build_key, task_key, write_narrow_header
+from sandbox import sweep
+from sandbox.build import build_key, pch_allowed, task_key, write_narrow_header
 from sandbox.config import BACKENDS, EvalConfig, validate
 from sandbox.gpu_probe import IsolationProbe, ProbeVerdict, choose_isolation
 from sandbox.result import EvalResult
-from sandbox.worker import read_result_line
+from sandbox.wire import KEY_BYTES, MARKER, MAX_LINE_BYTES, Isolation, Limits, StepRequest, read_result_line
 
 _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 _ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
@@ -47,14 +48,13 @@ _ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "LD_LIBRARY_PATH", "CU
               "TRITON_LIBCUDA_PATH", "VIRTUAL_ENV")
 _ENV_DENY = re.compile(r"TOKEN|KEY|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|^AWS_|^WANDB_|^HF_|^HUGGING|^GITHUB|"
                        r"^SSH_|^GOOGLE_|^AZURE_|^OPENAI|^ANTHROPIC", re.IGNORECASE)
-_MARKER = "SANDBOX_EVAL_ID"
+_MARKER = MARKER
 # Per-call overrides of the configuration that make sense for one evaluation.
 _OVERRIDABLE = ("correctness_trials", "seed", "warmup_runs", "timing_runs", "timing_input_sets",
                 "compile_timeout_s", "run_timeout_s", "memory_limit_bytes", "excessive_speedup",
                 "cpu_threads", "poison_bytes", "gpu_flush_bytes", "cpu_flush_bytes")
-# The worker's result is one tagged JSON line (at most 4 MiB of it is read; sandbox.worker caps it).
-_MAX_LINE = 8 * 1024 * 1024
-_KEY_BYTES = 32
+_MAX_LINE = MAX_LINE_BYTES
+_KEY_BYTES = KEY_BYTES
 # Compile verdicts that depend only on the source: cached with the build.
 _CACHEABLE_FAILURES = ("compile_error", "load_error")
 
@@ -139,6 +139,7 @@ class EvalPool:
         self._stats: Counter[str] = Counter()
         self._compile_times: list[float] = []
         self._closed = False
+        self._next_core = 0
 
     # --- public -------------------------------------------------------------------------------
 
@@ -237,14 +238,14 @@ class EvalPool:
         if cfg.gpu_isolation_probe and self.isolation_probe.applies(backend, on_gpu):
             drop = (await self._probe(backend, gate, arch, cfg, eval_dir)).dropped
         timed = backend == "cpu" or on_gpu
-        req = {"mode": "run", "task_src": ref_src, "candidate_src": cand_src, "backend": backend,
-               "device": "cuda:0" if on_gpu else "cpu", "trials": cfg.correctness_trials, "seed": cfg.seed,
-               "warmup": cfg.warmup_runs, "runs": cfg.timing_runs, "input_sets": cfg.timing_input_sets,
-               "tolerance": {k: dataclasses.asdict(v) for k, v in cfg.tolerance.items()},
-               "flush_bytes": cfg.gpu_flush_bytes if on_gpu else cfg.cpu_flush_bytes,
-               "poison_bytes": cfg.poison_bytes, "excessive_speedup": cfg.excessive_speedup,
-               "cpu_threads": cfg.cpu_threads, "ref_runtime_ms": ref_ms, "timeout_s": cfg.run_timeout_s,
-               "timed": timed}
+        req = dict(mode="run", task_src=ref_src, candidate_src=cand_src, backend=backend,
+                   device="cuda:0" if on_gpu else "cpu", trials=cfg.correctness_trials, seed=cfg.seed,
+                   warmup=cfg.warmup_runs, runs=cfg.timing_runs, input_sets=cfg.timing_input_sets,
+                   checked_share=cfg.checked_share,
+                   tolerance={k: dataclasses.asdict(v) for k, v in cfg.tolerance.items()},
+                   flush_bytes=cfg.gpu_flush_bytes if on_gpu else cfg.cpu_flush_bytes,
+                   poison_bytes=cfg.poison_bytes, excessive_speedup=cfg.excessive_speedup,
+                   cpu_threads=cfg.cpu_threads, ref_runtime_ms=ref_ms, timeout_s=cfg.run_timeout_s, timed=timed)
         limit = cfg.run_timeout_s + max(30.0, cfg.run_timeout_s)
         for attempt in range(cfg.lost_worker_retries + 1):
             out = await self._step(req, "run", bkey, eval_dir / f"run{attempt}", eval_id, cfg, backend,
@@ -261,6 +262,14 @@ class EvalPool:
         if not timed:
             res.timed, res.speedup, res.new_runtime_ms, res.ref_runtime_ms = False, None, None, None
         return res
+
+    def _cpu_set(self, cfg: EvalConfig) -> list[int]:
+        """The cores one step may run on (in turn over the machine's): affinity, not advice."""
+        cores = sorted(os.sched_getaffinity(0))
+        n = min(cfg.cpu_threads, len(cores))
+        start = self._next_core % len(cores)
+        self._next_core += n
+        return [cores[(start + i) % len(cores)] for i in range(n)]
 
     def _device_gate(self, on_gpu: bool) -> asyncio.Queue | None:
         """What a run step must hold while candidate code can run: a GPU (timings are not disturbed by
@@ -292,8 +301,8 @@ class EvalPool:
     async def _probe_holding(self, backend: str, gpu: tuple[int, str] | None, arch: str, cfg: EvalConfig,
                              eval_dir: Path) -> ProbeVerdict:
         async def run(dropped: tuple[str, ...]) -> tuple[bool, str, list[str] | None]:
-            req = {"mode": "probe", "probe_src": self.isolation_probe.src, "backend": backend,
-                   "device": "cuda:0" if gpu else "cpu", "trials": 0, "cpu_threads": cfg.cpu_threads}
+            req = dict(mode="probe", probe_src=self.isolation_probe.src, backend=backend,
+                       device="cuda:0" if gpu else "cpu", trials=0, cpu_threads=cfg.cpu_threads)
             workdir = eval_dir / f"probe-{'-'.join(dropped) or 'full'}"
             self._stats["isolation_probe_runs"] += 1
             out = await self._step(req, "probe", "isolation_probe", workdir, "isolation-probe", cfg,
@@ -352,8 +361,8 @@ class EvalPool:
                     self._stats["cache_hits"] += 1
                     return {**json.loads(marker.read_text()), "cache_hit": True}
                 _remove_stale_batons(self.cache / "builds" / bkey, older_than_s=0.0)
-                req = {"mode": "compile", "candidate_src": cand_src, "backend": backend, "device": "cpu",
-                       "trials": cfg.correctness_trials, "cpu_threads": cfg.cpu_threads}
+                req = dict(mode="compile", candidate_src=cand_src, backend=backend, device="cpu",
+                           trials=cfg.correctness_trials, cpu_threads=cfg.cpu_threads)
                 t = time.monotonic()
                 out = await self._step(req, "compile", bkey, eval_dir / "compile", bkey[:10], cfg, backend,
                                        None, arch, cfg.compile_timeout_s)
@@ -363,12 +372,21 @@ class EvalPool:
                            if k in ("stage", "compiled", "error_kind", "error", "log_tail")}
                 verdict["wall_s"] = {"compile": seconds}
                 if res.error_kind is None:
+                    over = await asyncio.to_thread(_over_quota, self.cache / "builds" / bkey, cfg)
+                    if over:  # files the answer's build left behind beyond what any build needs
+                        await asyncio.to_thread(shutil.rmtree, self.cache / "builds" / bkey, True)
+                        verdict.update(compiled=False, error_kind="compile_error", error=over)
+                        res.error_kind = "compile_error"
+                if res.error_kind is None:
                     self._compile_times.append(seconds)
                     self._stats["compiles"] += 1
                 if res.error_kind is None or res.error_kind in _CACHEABLE_FAILURES:
                     marker.write_text(json.dumps(verdict))
-                for flags in (out.data or {}).get("pch_wanted", []):
-                    self._schedule_pch(flags)
+                wanted = (out.data or {}).get("pch_wanted", [])
+                for flags in wanted if isinstance(wanted, list) else []:
+                    # a compile step ran the answer in its own process: its report is re-checked here
+                    if isinstance(flags, list) and all(isinstance(f, str) for f in flags) and pch_allowed(flags):
+                        self._schedule_pch(flags)
                 return verdict
             finally:
                 fcntl.flock(lock_fd, fcntl.LOCK_UN)
@@ -384,7 +402,7 @@ class EvalPool:
                 await asyncio.sleep(0.2)
 
     def _schedule_pch(self, flags: list[str]) -> None:
-        if not self.cfg.precompiled_header or self._closed:
+        if not self.cfg.precompiled_header or self._closed or not pch_allowed(flags):
             return
         k = json.dumps(flags)
         self._pch_requests[k] += 1
@@ -420,16 +438,17 @@ class EvalPool:
         build_dir.mkdir(parents=True, exist_ok=True)
         (workdir / "tmp").mkdir(parents=True, exist_ok=True)
         use_as = backend == "cpu" or (backend == "triton" and gpu is None)
-        req = {**req, "workdir": str(workdir), "build_dir": str(build_dir),
-               "pch_root": str(self.cache / "pch") if cfg.precompiled_header else None,
-               "narrow_header_dir": self._narrow_header_dir if cfg.narrow_cuda_header else None,
-               "tail_bytes": cfg.output_tail_bytes,
-               "limits": {"memory_bytes": cfg.memory_limit_bytes if use_as else None,
-                          "open_files": cfg.max_open_files, "processes": cfg.max_processes,
-                          "cpu_s": cfg.cpu_time_limit_s, "file_size_bytes": cfg.max_file_size_bytes},
-               "isolation": {"network": cfg.block_network, "writes": cfg.restrict_writes,
-                             "pids": cfg.pid_namespace, "drop": list(drop)},
-               "gated": gate is not None}
+        step = StepRequest(
+            **req, workdir=str(workdir), build_dir=str(build_dir),
+            pch_root=str(self.cache / "pch") if cfg.precompiled_header else None,
+            narrow_header_dir=self._narrow_header_dir if cfg.narrow_cuda_header else None,
+            tail_bytes=cfg.output_tail_bytes,
+            limits=Limits(memory_bytes=cfg.memory_limit_bytes if use_as else None, open_files=cfg.max_open_files,
+                          processes=cfg.max_processes, cpu_s=cfg.cpu_time_limit_s,
+                          file_size_bytes=cfg.max_file_size_bytes),
+            isolation=Isolation(network=cfg.block_network, writes=cfg.restrict_writes, pids=cfg.pid_namespace,
+                                drop=list(drop), shm_bytes=cfg.shm_bytes, cpus=self._cpu_set(cfg)),
+            gated=gate is not None)
         marker = f"{eval_id}-{mode}-{uuid.uuid4().hex[:6]}"
         extra = {"HOME": str(workdir), "TMPDIR": str(workdir / "tmp"), "TORCH_EXTENSIONS_DIR": str(build_dir),
                  "MAX_JOBS": str(cfg.max_jobs), "OMP_NUM_THREADS": str(cfg.cpu_threads),
@@ -456,7 +475,7 @@ class EvalPool:
         t0 = time.monotonic()
         try:
             theirs = _key_socket(key)
-            req["key_fd"] = theirs.fileno()
+            step.key_fd = theirs.fileno()
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "sandbox.worker", stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(workdir),
@@ -475,7 +494,7 @@ class EvalPool:
         data: dict[str, Any] | None = None
         untagged = 0
         try:
-            await _send_line(proc, req, close=gate is None)
+            await _write_raw(proc, step.to_json(), close=gate is None)
             deadline = time.monotonic() + limit_s
             while True:
                 line = await asyncio.wait_for(proc.stdout.readline(),  # type: ignore[union-attr]
@@ -499,15 +518,17 @@ class EvalPool:
         finally:
             watchdog.cancel()
             self._kill_group(proc)
-            await asyncio.to_thread(_sweep_marker, marker)
-            if held is not None:
-                gate.put_nowait(held)  # type: ignore[union-attr]
             try:
                 stderr = await asyncio.wait_for(stderr_task, timeout=5.0)
                 await asyncio.wait_for(proc.wait(), timeout=5.0)
             except asyncio.TimeoutError:
                 stderr_task.cancel()
                 stderr = b""
+            # the device goes back only once every process of the step is gone: their CUDA contexts
+            # (and memory) go with them, so the next step never finds the GPU's memory taken
+            await asyncio.to_thread(sweep.wait_gone, marker)
+            if held is not None:
+                gate.put_nowait(held)  # type: ignore[union-attr]
             self._live.discard(proc)
             _release_transport(proc)
         now = time.monotonic()
@@ -602,11 +623,31 @@ def _key_socket(key: bytes) -> socket.socket:
 
 
 async def _send_line(proc: asyncio.subprocess.Process, obj: Any, close: bool) -> None:
+    await _write_raw(proc, json.dumps(obj).encode() + b"\n", close)
+
+
+async def _write_raw(proc: asyncio.subprocess.Process, data: bytes, close: bool) -> None:
     assert proc.stdin is not None
-    proc.stdin.write(json.dumps(obj).encode() + b"\n")
+    proc.stdin.write(data)
     await proc.stdin.drain()
     if close:
         proc.stdin.close()
+
+
+def _over_quota(build_dir: Path, cfg: EvalConfig) -> str | None:
+    """Why a build dir is over its quota (bytes, files), or None."""
+    total = files = 0
+    for root, _dirs, names in os.walk(build_dir):
+        for name in names:
+            files += 1
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+    if total > cfg.max_build_dir_bytes or files > cfg.max_build_dir_files:
+        return (f"the build left {files} files, {total / 2**20:.0f} MiB in its build dir, over the quota "
+                f"({cfg.max_build_dir_files} files, {cfg.max_build_dir_bytes / 2**20:.0f} MiB)")
+    return None
 
 
 def _needs_compile_step(src: str) -> bool:
@@ -642,21 +683,6 @@ def _tree_usage(pid: int) -> tuple[int, int]:
         except psutil.Error:
             continue
     return len(procs), rss
-
-
-def _sweep_marker(marker: str) -> None:
-    """Kill processes that escaped the group (double fork + setsid) but still carry the marker."""
-    needle = f"{_MARKER}={marker}".encode()
-    me = os.getpid()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    os.kill(int(entry.name), signal.SIGKILL)
-        except (OSError, ValueError):
-            continue
 
 
 def _release_transport(proc: asyncio.subprocess.Process) -> None:

@@ -87,6 +87,15 @@ def load_task(source: str, directory: str | Path) -> ModuleType:
     return module
 
 
+def memory_or_runtime(exc: BaseException) -> str:
+    """The kind of a failure raised by model code: out of memory, or any other runtime error."""
+    text = f"{type(exc).__name__}: {exc}".lower()
+    if isinstance(exc, MemoryError) or "out of memory" in text or "can't allocate memory" in text \
+            or "outofmemory" in text or "cannot allocate memory" in text:
+        return "memory_limit"
+    return "runtime_error"
+
+
 def describe_exception(exc: BaseException, limit: int = 2000) -> str:
     text = f"{type(exc).__name__}: {exc}"
     return text if len(text) <= limit else text[: limit // 2] + "\n...\n" + text[-limit // 2:]
@@ -114,9 +123,13 @@ def to_device(x: Any, device: str) -> Any:
 
 
 def make_inputs(task: ModuleType, seed: int, device: str) -> list[Any]:
-    """Trial inputs: drawn on the host from ``seed`` (identical in every process), then moved."""
+    """Trial inputs drawn from ``seed`` on ``device`` itself: ``get_inputs()`` runs with it as torch's
+    default device, so a 6 GiB input of a KernelBench task never exists on the host. The same seed on
+    the same device gives the same values (the judge redraws them to check for tampering)."""
     seed_everything(seed)
-    return [to_device(x, device) for x in task.get_inputs()]
+    with torch.device(device):
+        values = task.get_inputs()
+    return [to_device(x, device) for x in values]
 
 
 def clone_inputs(inputs: Sequence[Any]) -> list[Any]:
@@ -124,10 +137,12 @@ def clone_inputs(inputs: Sequence[Any]) -> list[Any]:
 
 
 def make_model(cls: type, task: ModuleType, seed: int, device: str) -> torch.nn.Module:
-    """Same seed before both constructors, so Model and ModelNew draw the same parameters."""
+    """Same seed before both constructors, so Model and ModelNew draw the same parameters (on the
+    device itself: a large weight is never made on the host first)."""
     seed_everything(seed)
-    init = [to_device(x, device) for x in task.get_init_inputs()]
-    model = cls(*init)
+    with torch.device(device):
+        init = [to_device(x, device) for x in task.get_init_inputs()]
+        model = cls(*init)
     if isinstance(model, torch.nn.Module):
         model = model.to(device)
     return model
@@ -211,24 +226,6 @@ def run_once(model: Callable, inputs: Sequence[Any], device: str, who: str,
     return copied
 
 
-def save_outputs(outputs: list[list[torch.Tensor]], path: str | Path) -> None:
-    """The candidate's outputs for the harness, without a CRC32 over every byte: the file goes
-    from one process to its parent on the same machine, and the checksum was ~0.3-0.5 s of 640 MB
-    (8192x4096 fp32, 5 trials) on the CPU box."""
-    try:
-        from torch.utils.serialization import config
-        config.save.compute_crc32 = False
-    except (ImportError, AttributeError):  # an older torch: the checksum stays
-        pass
-    torch.save(outputs, path)
-
-
-def load_outputs(path: str | Path) -> Any:
-    """Mapped rather than read: the pages come from the page cache as each trial is compared (a
-    full read took 0.7-3.7 s of such a file on the loaded CPU box, mapping ~0.6 s)."""
-    return torch.load(path, weights_only=True, mmap=True)
-
-
 # --- correctness --------------------------------------------------------------------------------
 
 @dataclass
@@ -301,40 +298,6 @@ def compare_with_errors(new: list[torch.Tensor], ref: list[torch.Tensor],
 
 
 # --- timing -------------------------------------------------------------------------------------
-
-def time_model(model: Callable, input_sets: Sequence[Sequence[Any]], device: str, warmup: int, runs: int,
-               flush_bytes: int) -> list[float]:
-    """Per-run milliseconds after ``warmup`` runs; caches flushed and inputs rotated between runs.
-
-    On CUDA the end event is recorded after a device-wide synchronise, so kernels the candidate
-    queues on other streams are inside the measured interval.
-    """
-    cuda = device.startswith("cuda")
-    flush = torch.empty(max(flush_bytes, 1), dtype=torch.uint8, device=device) if flush_bytes > 0 else None
-    times: list[float] = []
-    with _no_grad():
-        for i in range(warmup):
-            model(*input_sets[i % len(input_sets)])
-        synchronize(device)
-        for i in range(runs):
-            inputs = input_sets[i % len(input_sets)]
-            if flush is not None:
-                flush.zero_()
-            synchronize(device)
-            if cuda:
-                start, end = _CudaEvent(enable_timing=True), _CudaEvent(enable_timing=True)
-                start.record()
-                model(*inputs)
-                _cuda_synchronize()
-                end.record()
-                end.synchronize()
-                times.append(float(start.elapsed_time(end)))
-            else:
-                t0 = _perf_counter()
-                model(*inputs)
-                times.append((_perf_counter() - t0) * 1000.0)
-    return times
-
 
 def median_ms(times: Sequence[float]) -> float:
     return float(statistics.median(times))

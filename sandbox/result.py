@@ -19,6 +19,8 @@ ERROR_KINDS = (
     "wrong_output",      # shape/dtype/NaN/tolerance mismatch
     "reference_error",   # the task's own reference failed: not the candidate's fault
     "sandbox_error",     # the evaluator itself failed (worker lost twice, ...)
+    # the sandbox caught, at run time, a behaviour the protocol forbids; ``flags`` names it
+    "rule_violation",
 )
 
 
@@ -39,6 +41,9 @@ class EvalResult:
     ref_runtime_ms: float | None = None   # median over timing runs
     new_runtime_ms: float | None = None
     speedup: float | None = None          # ref_runtime_ms / new_runtime_ms; None when not timed
+    # interquartile range over the median of the timed calls (the judge's own clock): the noise
+    new_runtime_spread: float | None = None
+    ref_runtime_spread: float | None = None   # None when the reference time came from the cache
     timed: bool = False                   # False e.g. for the Triton interpreter: no speedup credit
     flags: list[str] = field(default_factory=list)   # e.g. "excessive_speedup"
     wall_s: dict[str, float] = field(default_factory=dict)  # per stage: compile, correctness, timing, total

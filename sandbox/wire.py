@@ -1,0 +1,169 @@
+"""The typed contract between the sandbox's processes: pool -> worker (the step request), worker ->
+pool (the tagged verdict line), judge <-> runner (calls and the descriptors of shared tensors).
+
+One module, so that the four places that build a request and the ~30 places that read one agree on
+every field by construction (they were a dict built in four places and read through string keys).
+Plain data and JSON only: nothing that crosses a process boundary is ever unpickled.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+KEY_BYTES = 32                 # the step's result key (secrets.token_bytes): HMAC-SHA256 key size
+MARKER = "SANDBOX_EVAL_ID"     # environment variable that marks every process of one step
+MAX_RESULT_BYTES = 4 * 1024 * 1024   # the judge's result the outer process reads at most
+MAX_LINE_BYTES = 8 * 1024 * 1024     # the verdict line the pool reads at most
+MAX_MESSAGE_BYTES = 1 << 20          # one runner message (descriptors are small)
+
+
+@dataclass
+class Limits:
+    memory_bytes: int | None       # RLIMIT_AS (CPU backends); None where CUDA needs the address space
+    open_files: int
+    processes: int
+    cpu_s: int
+    file_size_bytes: int
+
+
+@dataclass
+class Isolation:
+    network: bool                  # own network namespace + Landlock TCP rules
+    writes: bool                   # Landlock (reads and writes) at all
+    pids: bool                     # PID + mount namespaces, private /proc
+    drop: list[str] = field(default_factory=list)   # measures the trusted GPU probe found to break the device
+    shm_bytes: int = 0             # size of the private /dev/shm (0: leave /dev/shm as it is)
+    cpus: list[int] = field(default_factory=list)   # the CPU set of the step (empty: leave it)
+
+
+@dataclass
+class StepRequest:
+    """What the pool asks one worker process to do (one JSON line on its stdin)."""
+
+    mode: str                      # "compile" | "run" | "probe"
+    backend: str                   # cpu | triton | cuda
+    device: str                    # "cpu" or "cuda:0" (the one GPU the step sees)
+    workdir: str
+    build_dir: str
+    limits: Limits
+    isolation: Isolation
+    cpu_threads: int = 1
+    candidate_src: str = ""
+    task_src: str = ""
+    probe_src: str = ""
+    trials: int = 0
+    seed: int = 0
+    warmup: int = 0
+    runs: int = 0
+    input_sets: int = 1
+    checked_share: float = 0.2     # share of timed calls whose output is checked (at least one per input set)
+    tolerance: dict[str, dict[str, float]] = field(default_factory=dict)
+    flush_bytes: int = 0
+    poison_bytes: int = 0
+    excessive_speedup: float = 10.0
+    ref_runtime_ms: float | None = None   # cached reference time (None: the judge times it)
+    timeout_s: float = 0.0
+    timed: bool = False
+    pch_root: str | None = None
+    narrow_header_dir: str | None = None
+    read_roots: list[str] = field(default_factory=list)  # extra readable dirs (pch, narrow headers)
+    tail_bytes: int = 8192
+    gated: bool = False            # wait for the pool's word before touching the device
+    key_fd: int | None = None      # socket holding the result key (the outer process reads it)
+
+    def to_json(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self)).encode() + b"\n"
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> "StepRequest":
+        data = json.loads(raw)
+        data["limits"] = Limits(**data["limits"])
+        data["isolation"] = Isolation(**data["isolation"])
+        return cls(**data)
+
+
+# --- the verdict line ---------------------------------------------------------------------------
+
+def result_tag(key: bytes, body: bytes) -> bytes:
+    """HMAC-SHA256 of ``body`` under ``key``, in hex: no space or newline in it."""
+    return hmac.new(key, body, "sha256").hexdigest().encode()
+
+
+def result_line(result: dict[str, Any], key: bytes) -> bytes:
+    """``<tag> <json>\\n``: the tag is an HMAC of the JSON under the step's key. Not the key itself:
+    whoever can write to the worker's stdout (a reopened /proc/<pid>/fd/1) can read it too, so a
+    line that merely carried the key would hand it to the forger."""
+    body = json.dumps(result).encode()
+    return result_tag(key, body) + b" " + body + b"\n"
+
+
+def read_result_line(line: bytes, key: bytes) -> dict[str, Any] | None:
+    """The result of a line :func:`result_line` made with ``key``; None for any other line."""
+    tag, sep, body = line.rstrip(b"\n").partition(b" ")
+    if not sep or not hmac.compare_digest(tag, result_tag(key, body)):
+        return None
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+# --- judge <-> runner ---------------------------------------------------------------------------
+# The judge sends {"op": ...}; a runner answers each with exactly one reply. Replies are checked
+# against these key sets: a reply with any other key, or a message when none was asked for, is a
+# forged message (the candidate runner's channel is the candidate's to write).
+
+OPS = ("load", "inputs", "call", "stop")
+REPLY_KEYS = {
+    "ready": {"ready", "isolation"},
+    "load": {"ok", "kind", "error", "stage"},
+    "inputs": {"ok", "kind", "error", "stage"},
+    "call": {"ok", "outputs", "kind", "error", "stage", "peak_bytes"},
+}
+# What a runner may report a failure as: kinds its own process can cause. Anything else reads as
+# runtime_error (a candidate must not be able to say "sandbox_error" or "reference_error").
+RUNNER_KINDS = ("load_error", "compile_error", "runtime_error", "memory_limit", "wrong_output")
+RUNNER_STAGES = ("load", "compile", "correctness", "timing")
+
+# A shared tensor: {"kind": "cuda" | "memfd", "dtype", "shape", "stride", "offset"} plus, for
+# "cuda": "handle" (base64 of the 64-byte cudaIpcMemHandle), "storage_bytes", "storage_offset_bytes",
+# "ref_counter" (base64 name of torch's shared ref counter), "ref_counter_offset", "event" (base64
+# of the 64-byte cudaIpcEventHandle or null), "event_sync"; for "memfd": "nbytes", "fd" (its index
+# among the message's passed descriptors). A non-tensor input: {"kind": "value", "value": ...}.
+DESCRIPTOR_KEYS = {
+    "cuda": {"kind", "dtype", "shape", "stride", "offset", "handle", "storage_bytes", "storage_offset_bytes",
+             "ref_counter", "ref_counter_offset", "event", "event_sync"},
+    "memfd": {"kind", "dtype", "shape", "stride", "offset", "nbytes", "fd"},
+    "value": {"kind", "value"},
+}
+IPC_HANDLE_BYTES = 64          # sizeof(cudaIpcMemHandle_t) == sizeof(cudaIpcEventHandle_t)
+MAX_DIMS = 16
+
+
+class Forged(Exception):
+    """A runner sent what the protocol never asks for (unknown keys, types, sizes)."""
+
+
+def check_reply(msg: Any, op: str) -> dict[str, Any]:
+    """``msg`` as a reply to ``op``, or :class:`Forged`."""
+    if not isinstance(msg, dict):
+        raise Forged(f"a {type(msg).__name__} in reply to {op!r}")
+    extra = set(msg) - REPLY_KEYS[op]
+    if extra:
+        raise Forged(f"unknown keys {sorted(extra)[:5]} in reply to {op!r}")
+    if op != "ready" and not isinstance(msg.get("ok"), bool):
+        raise Forged(f"reply to {op!r} without a boolean 'ok'")
+    return msg
+
+
+def reported_failure(msg: dict[str, Any], default_stage: str) -> tuple[str, str, str]:
+    """(kind, stage, error) of a failure a runner reported, held to what a runner can cause."""
+    kind = msg.get("kind")
+    stage = msg.get("stage")
+    return (kind if kind in RUNNER_KINDS else "runtime_error",
+            stage if stage in RUNNER_STAGES else default_stage,
+            str(msg.get("error") or "the runner reported a failure")[:4000])
