@@ -46,6 +46,21 @@ ROWS = {
     "landlock_fs+w:/": ["env", "landlock", "w:/"],
     # a second process initialises CUDA while another one holds a context (the harness after its candidate)
     "second_context": ["env", "second_ctx"],
+    # the second protocol's runner measures (2026-12-04), one at a time, then all
+    "seccomp": ["env", "seccomp"],
+    "seccomp+unix_sockets": ["env", "seccomp", "unix_ok"],
+    "seccomp+mknod": ["env", "seccomp", "mknod_ok"],
+    "privileges": ["env", "privileges"],
+    "affinity": ["env", "affinity"],
+    "utsns": ["env", "utsns"],
+    "ipcns": ["env", "ipcns"],
+    "landlock_read": ["env", "landlock_read"],
+    "runner (as the second protocol)": ["env", "rlimits", "netns", "pidns", "mountns", "private_proc", "utsns",
+                                        "ipcns", "landlock_read", "privileges", "seccomp"],
+    "runner-seccomp": ["env", "rlimits", "netns", "pidns", "mountns", "private_proc", "utsns", "ipcns",
+                       "landlock_read", "privileges"],
+    "runner-privileges": ["env", "rlimits", "netns", "pidns", "mountns", "private_proc", "utsns", "ipcns",
+                          "landlock_read", "seccomp"],
 }
 
 
@@ -59,7 +74,8 @@ def child(measures: list[str], workdir: str) -> None:
     if "rlimit_as" in measures:
         applied += isolation.set_rlimits(16 << 30, 1 << 16, 0, 3600, 4 << 30)
     applied += isolation.unshare_namespaces(network="netns" in measures, pids="pidns" in measures,
-                                            mounts="mountns" in measures)
+                                            mounts="mountns" in measures, uts="utsns" in measures,
+                                            ipc="ipcns" in measures)
     if "pidns" in applied and os.fork() != 0:  # the namespace's first process runs the rest
         _, status = os.wait()
         os._exit(os.waitstatus_to_exitcode(status))
@@ -70,6 +86,24 @@ def child(measures: list[str], workdir: str) -> None:
         own = [f"/proc/{os.getpid()}/task"] if "own_threads" in measures else []
         applied += isolation.restrict_writes([workdir, "/dev/shm", *extra], ["/dev", *own], block_tcp=True,
                                              scope="scope" in measures)
+    if "landlock_read" in measures:
+        from sandbox import read_roots
+        applied += isolation.restrict_access(read_roots.default_read_roots([workdir]), [workdir, "/dev/shm"],
+                                             read_roots.default_device_paths(), block_tcp=True, scope=True,
+                                             proc_dir=f"/proc/{os.getpid()}/task")
+    if "affinity" in measures:
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+        applied.append("affinity")
+    if "privileges" in measures:
+        from sandbox import privileges
+        applied += privileges.drop_privileges(None)
+    if "seccomp" in measures:
+        from sandbox import seccomp
+        if "unix_ok" in measures:
+            seccomp._AF_INET = 1  # AF_UNIX allowed (AF_INET6 still is), to see whether the driver needs it
+        if "mknod_ok" in measures:
+            seccomp._DENIED = tuple(e for e in seccomp._DENIED if not e[0].startswith("mknod"))
+        applied += seccomp.install_filter()
     if "second_ctx" in measures:
         holder_r, holder_w = os.pipe()
         if os.fork() == 0:

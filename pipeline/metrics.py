@@ -81,16 +81,21 @@ def sandbox_metrics(samples: list[Sample], wall_s: float) -> dict[str, float]:
 
 def episode_rows(samples: list[Sample], k: int, decode: Any = None,
                  tail_chars: int = 400) -> list[list[Any]]:
-    """A few episodes for the table: the best-scored samples, then the worst ones."""
+    """A few episodes for the table: the best-scored samples, then the worst ones. Their text is
+    scrubbed of secrets (the environment scrubs what it returns; this also covers the response and
+    pipeline errors) before it is cut, as it goes to episodes.jsonl and W&B."""
+    from rewards.scrub import default_scrubber
+
+    scrub = default_scrubber().scrub
     ranked = sorted(samples, key=lambda s: (-s.score, s.uid))
     picked = ranked[:(k + 1) // 2] + [s for s in ranked[::-1][:k // 2] if s not in ranked[:(k + 1) // 2]]
     rows = []
     for s in picked:
         o = s.outcome or {}
         verdict = "correct" if o.get("correct") else (o.get("error_kind") or s.error or "")
-        prompt = decode(s.prompt_ids)[-tail_chars:] if decode is not None else ""
-        rows.append([s.step, s.task_id, s.traj, s.turn, prompt, s.response_text[-tail_chars:],
-                     str(verdict), float(s.score)])
+        prompt = scrub(decode(s.prompt_ids))[-tail_chars:] if decode is not None else ""
+        rows.append([s.step, s.task_id, s.traj, s.turn, prompt, scrub(s.response_text)[-tail_chars:],
+                     scrub(str(verdict)), float(s.score)])
     return rows
 
 

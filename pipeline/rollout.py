@@ -37,6 +37,7 @@ from pipeline.engines.base import Engine, Generation, SamplingParams
 from pipeline.rollout_config import RolloutConfig, response_length_at
 from pipeline.sample import Sample
 from rewards.interface import RewardEnv, TaskRef, Turn, TurnOutcome
+from rewards.scrub import scrub as scrub_secrets
 
 OnSample = Callable[[Sample], "Awaitable[None] | None"]
 
@@ -198,8 +199,8 @@ class _Episodes:
                 outcome = await asyncio.wait_for(self.env.evaluate(task, text), self.cfg.eval_timeout_s)
             except asyncio.TimeoutError:
                 error = f"evaluation timed out after {self.cfg.eval_timeout_s}s"
-            except Exception as e:
-                error = f"evaluation failed: {type(e).__name__}: {e}"
+            except Exception as e:  # the environment scrubs what it returns; an exception is not that
+                error = scrub_secrets(f"evaluation failed: {type(e).__name__}: {e}")
         sample = Sample(
             uid=f"{self.step}/{task.task_id}/{traj}/{turn}", step=self.step, task_id=task.task_id,
             traj=traj, turn=turn, prompt_ids=prompt_ids, response_ids=list(gen.token_ids),

@@ -35,6 +35,7 @@ class RewardConfig:
     speedup_cap: float | None = MISSING  # speedup credited at most this (null: no cap)
     excessive_speedup: str = MISSING    # speedup the sandbox flagged as excessive: cap | zero
     feedback_log_chars: int = MISSING   # compiler / runtime log kept in feedback
+    verdict_text_chars: int = MISSING   # sandbox error / log tail kept in the verdict (after secrets are scrubbed)
     max_answer_chars: int = MISSING     # longer responses are rejected as too_long
     max_summary_chars: int = MISSING    # summary kept for later turns
     rules: RulesConfig = field(default_factory=RulesConfig)
@@ -94,7 +95,7 @@ def validate(cfg: Any) -> None:
         errors.append(f"reward.speedup_cap={cfg.speedup_cap}: expected null or > 0")
     if cfg.excessive_speedup not in EXCESSIVE_SPEEDUP:
         errors.append(f"reward.excessive_speedup={cfg.excessive_speedup!r}: expected one of {EXCESSIVE_SPEEDUP}")
-    for key in ("feedback_log_chars", "max_answer_chars", "max_summary_chars"):
+    for key in ("feedback_log_chars", "verdict_text_chars", "max_answer_chars", "max_summary_chars"):
         if getattr(cfg, key) < 1:
             errors.append(f"reward.{key}={getattr(cfg, key)}: expected >= 1")
     unknown = [r for r in cfg.rules.enabled if r not in RULES]

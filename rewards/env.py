@@ -2,34 +2,45 @@
 
 evaluate = parse -> anti-hack rules -> sandbox (``await pool.evaluate(ref_src, code, backend)``)
 -> score -> feedback. Bad model output never raises: every failure is a scored (0) outcome with
-its reason. The sandbox pool is passed in (``KernelEnv(cfg, pool)``) or built from the sandbox
-config (``KernelEnv.from_config(reward_cfg, sandbox_cfg)``).
+its reason. Every outcome leaves through :meth:`KernelEnv.evaluate`, where its text (feedback,
+verdict, summary, answer) is scrubbed of secrets (:mod:`rewards.scrub`); the sandbox's own text
+(error, log tail) is scrubbed and cut before feedback is built from it. A violation the sandbox
+caught at run time on an answer that passed every static rule is a miss of the rules: it is
+recorded as ``rule_miss`` (in the verdict's flags and the outcome's hacks). The sandbox pool is
+passed in (``KernelEnv(cfg, pool)``) or built from the sandbox config
+(``KernelEnv.from_config(reward_cfg, sandbox_cfg)``).
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import traceback
 from typing import Any
 
 from rewards.config import validate
-from rewards.feedback import parse_feedback, result_feedback, rules_feedback
+from rewards.feedback import parse_feedback, result_feedback, rules_feedback, runtime_violations
 from rewards.interface import TaskRef, Turn, TurnOutcome
 from rewards.parse import Parsed, parse_response
 from rewards.prompts import build_messages
 from rewards.rules import RuleSettings, Violation, check_rules
 from rewards.score import score_result
+from rewards.scrub import Scrubber, default_scrubber
 from rewards.tasks import Task, load_builtin, load_kernelbench, split
+from sandbox.flags import DISALLOWED_MESSAGE
 from sandbox.result import EvalResult
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "holdout")
+RULE_MISS = "rule_miss"
 
 
 class KernelEnv:
-    def __init__(self, cfg: Any, eval_pool: Any):
+    def __init__(self, cfg: Any, eval_pool: Any, scrubber: Scrubber | None = None):
         validate(cfg)
         self.cfg = cfg
         self.pool = eval_pool
+        self._scrubber = scrubber  # None: this process's environment (rewards.scrub.default_scrubber)
         self.backend: str = cfg.backend
         self.enabled_rules = list(cfg.rules.enabled)
         self.rule_settings = RuleSettings.from_config(cfg.rules)
@@ -71,13 +82,32 @@ class KernelEnv:
 
     async def evaluate(self, task: TaskRef, response: str) -> TurnOutcome:
         try:
-            return await self._evaluate(self.task(task), response)
+            outcome = await self._evaluate(self.task(task), response)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a bug here must not lose the sample: score 0 with the reason
-            log.exception("KernelEnv.evaluate failed for %s", task.task_id)
-            return TurnOutcome(score=0.0, feedback="The evaluator failed on this attempt; answer again.",
-                               error_kind="sandbox_error", verdict={"error": f"{type(e).__name__}: {e}"})
+            log.error("KernelEnv.evaluate failed for %s: %s", task.task_id,
+                      self.scrubber.scrub(traceback.format_exc()))
+            outcome = TurnOutcome(score=0.0, feedback="The evaluator failed on this attempt; answer again.",
+                                  error_kind="sandbox_error", verdict={"error": f"{type(e).__name__}: {e}"})
+        return self._scrubbed(outcome)
+
+    # ---- secrets ----
+    @property
+    def scrubber(self) -> Scrubber:
+        return self._scrubber if self._scrubber is not None else default_scrubber()
+
+    def _scrubbed(self, outcome: TurnOutcome) -> TurnOutcome:
+        """The one way out of this environment: every text of the outcome without secrets."""
+        s = self.scrubber
+        return dataclasses.replace(outcome, feedback=s.scrub(outcome.feedback), summary=s.scrub(outcome.summary),
+                                   answer=s.scrub(outcome.answer), verdict=s.scrub_tree(outcome.verdict))
+
+    def _scrubbed_result(self, result: EvalResult) -> EvalResult:
+        """The sandbox's text (error, log tail) scrubbed and cut, before feedback is built from it."""
+        s, limit = self.scrubber, self.cfg.verdict_text_chars
+        return dataclasses.replace(result, error=s.scrub(result.error, limit),
+                                   log_tail=s.scrub(result.log_tail, limit))
 
     async def aclose(self) -> None:
         close = getattr(self.pool, "aclose", None)
@@ -111,13 +141,17 @@ class KernelEnv:
                                error_kind=parsed.error_kind if not parsed.ok else "rule_violation",
                                verdict={"parse_error": parsed.error,
                                         "violations": [{"rule": v.rule, "reason": v.reason} for v in violations]})
-        result = await self._run(task, parsed.code)
+        result = _runtime_violation(self._scrubbed_result(await self._run(task, parsed.code)))
+        hacks: list[str] = []
+        if result.error_kind == "rule_violation":  # every static rule passed, yet the sandbox caught it
+            result = dataclasses.replace(result, correct=False, flags=list(dict.fromkeys([*result.flags, RULE_MISS])))
+            hacks = [RULE_MISS, *runtime_violations(result)]
         breakdown = score_result(result, cfg)
         return TurnOutcome(
             score=breakdown.score,
             feedback=result_feedback(result, cfg.feedback_log_chars, breakdown.score, breakdown.note),
             summary=summary, answer=answer, parse_ok=True, compiled=result.compiled, correct=result.correct,
-            speedup=result.speedup, hacks=[], error_kind=result.error_kind,
+            speedup=result.speedup, hacks=hacks, error_kind=result.error_kind,
             verdict={**result.to_dict(), "credited_speedup": breakdown.credited_speedup, "score_note": breakdown.note})
 
     async def _run(self, task: Task, code: str) -> EvalResult:
@@ -126,8 +160,18 @@ class KernelEnv:
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            log.warning("sandbox failed on %s: %s", task.id, e)
+            log.warning("sandbox failed on %s: %s", task.id, self.scrubber.scrub(str(e)))
             return EvalResult.failure("sandbox_error", f"{type(e).__name__}: {e}", backend=self.backend)
         if isinstance(result, dict):
             result = EvalResult.from_dict(result)
         return result
+
+
+def _runtime_violation(result: EvalResult) -> EvalResult:
+    """A build the sandbox's build hook refused (its error starts "disallowed build argument") is a
+    run-time rule violation, whichever step reported it (compile, load or run)."""
+    text = f"{result.error or ''}\n{result.log_tail or ''}"
+    if result.error_kind in ("compile_error", "load_error", "runtime_error") and DISALLOWED_MESSAGE in text:
+        flags = list(dict.fromkeys([*result.flags, "disallowed_build_argument"]))
+        return dataclasses.replace(result, error_kind="rule_violation", compiled=False, correct=False, flags=flags)
+    return result

@@ -22,6 +22,23 @@ _PARSE_HINTS = {
     "syntax_error": "Your code is not valid Python: {detail}.",
     "no_model_new": "Your code does not define `class ModelNew`.",
 }
+# What the sandbox caught at run time (``error_kind="rule_violation"``, named in ``flags``), in words.
+RUNTIME_VIOLATIONS = {
+    "disallowed_build_argument": ("passed load_inline/load a compiler or linker argument that is not allowed",
+                                  "Use only optimisation, target and macro flags; no include or library paths, "
+                                  "build directories, wrappers or linker options."),
+    "input_modified": ("modified an input tensor in place", "Leave the inputs unchanged; write into new outputs."),
+    "output_aliases_input": ("returned an output that shares memory with an input",
+                             "Return freshly allocated outputs, not the inputs or views of them."),
+    "output_aliases_output": ("returned outputs that share memory with each other",
+                              "Give every output its own memory."),
+    "stale_output": ("returned, from a timed call, an output that differs from fresh work (a cached or stale "
+                     "result)", "Compute every call's output from its own inputs; do not cache results."),
+    "forged_message": ("wrote to the evaluator's channel (a message that was not the protocol's)",
+                       "Do not write to the evaluator's file descriptors or streams."),
+    "degenerate_check": ("made the correctness check degenerate",
+                         "Return real outputs of the right shape and values; the check must be able to fail."),
+}
 _FORMAT_REMINDER = ("Answer with a brief summary of your approach followed by exactly one ```python code block "
                     "that defines class ModelNew.")
 
@@ -70,6 +87,8 @@ def result_feedback(result: EvalResult, log_chars: int, score: float, note: str 
     """Feedback from the sandbox verdict."""
     kind = result.error_kind
     log = trim_log(result.error, log_chars)
+    if kind == "rule_violation":  # whatever else the verdict says
+        return runtime_violation_feedback(result, log)
     if result.correct:
         if not result.timed or result.speedup is None:
             return (f"Your kernel is correct ({result.trials_passed}/{result.trials} trials). It was not timed on "
@@ -108,3 +127,23 @@ def result_feedback(result: EvalResult, log_chars: int, score: float, note: str 
         return (f"The evaluator failed on this attempt ({kind}); this was not necessarily your fault:\n{log}\n"
                 "Answer again with your best kernel.")
     return f"Your kernel was not correct ({kind or 'unknown'}).\n{log}".rstrip()
+
+
+def runtime_violations(result: EvalResult) -> list[str]:
+    """The run-time violations a verdict names (its flags that are :data:`RUNTIME_VIOLATIONS`)."""
+    return [f for f in result.flags if f in RUNTIME_VIOLATIONS]
+
+
+def runtime_violation_feedback(result: EvalResult, log: str) -> str:
+    names = runtime_violations(result)
+    lines = ["Your answer was rejected (score 0): the evaluator caught it breaking the evaluation protocol "
+             "at run time."]
+    for name in names:
+        what, fix = RUNTIME_VIOLATIONS[name]
+        lines.append(f"- {name}: it {what}. {fix}")
+    if not names:
+        lines.append(f"- {', '.join(result.flags) or 'unnamed violation'}")
+    if log:
+        lines.append(log)
+    lines.append("Write the computation as your own kernel and call it from ModelNew.forward.")
+    return "\n".join(lines)

@@ -19,11 +19,12 @@ class ScoreBreakdown:
 def score_result(result: EvalResult, cfg: Any, violations: bool = False) -> ScoreBreakdown:
     """``cfg`` carries correct_weight, speedup_weight, speedup_cap, excessive_speedup.
 
-    0 for any rule violation or incorrect answer. A correct answer that was not timed (e.g. the
+    0 for any rule violation (static, or caught by the sandbox at run time: ``rule_violation``) or
+    incorrect answer. A correct answer that was not timed (e.g. the
     Triton interpreter on a CPU) earns ``correct_weight`` only. A speedup the sandbox flagged as
     excessive is not rewarded blindly: it is capped or zeroed (``excessive_speedup``).
     """
-    if violations or not result.correct:
+    if violations or not result.correct or result.error_kind == "rule_violation":
         return ScoreBreakdown(0.0, None)
     base = cfg.correct_weight
     if not result.timed or result.speedup is None:

@@ -17,6 +17,12 @@ is built again with the real header, under its own name so torch's versioning an
 rebuild check see one consistent build. What a candidate may write is unchanged: any source that
 builds with the real header builds, the narrow header only makes the common case cheaper.
 
+Every ``load_inline`` / ``load`` call's compiler and linker arguments must pass
+:func:`sandbox.flags.check_build_call` (the wrapper raises "disallowed build argument: ..." before
+anything is built), and a PCH is only ever built for a flag set of :data:`PCH_FLAG_SETS`: the
+flag sets reach the trusted builder through a compile step's report, which candidate code running
+in the same process can forge, so :func:`build_pch` checks again (:func:`pch_allowed`).
+
 ``python -m sandbox.build --pch-root DIR --cflags '<json list>'`` builds one PCH (the pool runs it).
 """
 from __future__ import annotations
@@ -34,6 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from sandbox.flags import DISALLOWED_MESSAGE, check_build_call
 
 PCH_HEADER = "torch/extension.h"
 # Next to the .gch: g++ takes the PCH for the first #include only, and torch's main.cpp includes
@@ -80,6 +88,37 @@ FULL_HEADER_SUFFIX = "_fullhdr"
 BUILD_RECIPE = "3"
 
 
+# The only extra_cflags a PCH is built for, exactly as written in the answer (empty strings, as in
+# KernelBench's extra_cflags=[""], are dropped first: they add nothing to the command line). The
+# common ones of KernelBench-style answers and of rewards/solutions; anything else builds without
+# a PCH (slower, same result). Keep it a short, reviewed list: each entry runs g++ outside the sandbox.
+PCH_FLAG_SETS: tuple[tuple[str, ...], ...] = (
+    (),                                                  # no extra flags (also [""])
+    ("-O3",),
+    ("-O2",),
+    ("-O3", "-fopenmp"),                                 # the CPU solutions
+    ("-O3", "-ffast-math"),
+    ("-O3", "-march=native"),
+    ("-O3", "-ffast-math", "-fopenmp"),
+    ("-O3", "-march=native", "-fopenmp"),
+    ("-O3", "-ffast-math", "-march=native", "-fopenmp"),  # rewards/solutions/cpu/level2/9_*
+)
+
+
+def pch_flags(extra_cflags: Any) -> list[str] | None:
+    """The flag set a PCH would be built for (empty strings dropped), or None when it is not a
+    list of plain strings."""
+    if type(extra_cflags) not in (list, tuple) or any(type(f) is not str for f in extra_cflags):
+        return None
+    return [f for f in extra_cflags if f]
+
+
+def pch_allowed(extra_cflags: Any) -> bool:
+    """Whether a PCH may be built for ``extra_cflags``: one of :data:`PCH_FLAG_SETS`, exactly."""
+    flags = pch_flags(extra_cflags)
+    return flags is not None and tuple(flags) in PCH_FLAG_SETS
+
+
 def build_key(candidate_src: str, backend: str, arch: str, torch_version: str) -> str:
     """Content address of a candidate's build."""
     h = hashlib.sha256()
@@ -116,9 +155,15 @@ def pch_cflags(extra_cflags: list[str]) -> list[str]:
 
 
 def build_pch(pch_root: str | Path, extra_cflags: list[str], timeout_s: float = 900) -> Path:
-    """Build the PCH for ``extra_cflags`` under ``pch_root/<key>`` (atomic rename); returns the dir."""
+    """Build the PCH for ``extra_cflags`` under ``pch_root/<key>`` (atomic rename); returns the dir.
+
+    Raises ValueError for a flag set that is not in :data:`PCH_FLAG_SETS` (the request may be forged).
+    """
     from torch.utils import cpp_extension
 
+    if not pch_allowed(extra_cflags):
+        raise ValueError(f"no PCH for extra_cflags {extra_cflags!r}: not one of sandbox.build.PCH_FLAG_SETS")
+    extra_cflags = pch_flags(extra_cflags)  # type: ignore[assignment]
     final = Path(pch_root) / pch_key(extra_cflags)
     if _pch_complete(final):
         return final
@@ -176,8 +221,9 @@ def install_build_hooks(build_dir: str, pch_root: str | None, wanted: list[list[
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError:
+            _checked(kwargs)
             return original(*args, **kwargs)  # let torch word the error
-        call = bound.arguments
+        call = _checked(bound.arguments, kwargs)
         call["use_pch"] = False  # torch's own PCH lives in site-packages, shared by all: never
         name = str(call["name"])
         decision_file = Path(build_dir) / f"{name}.pch.json"
@@ -215,11 +261,41 @@ def install_build_hooks(build_dir: str, pch_root: str | None, wanted: list[list[
     load_inline.__wrapped__ = original  # type: ignore[attr-defined]
     cpp_extension.load_inline = load_inline
 
+    original_load = inspect.unwrap(cpp_extension.load)  # a fresh wrapper, never one around another
+    load_signature = inspect.signature(original_load)
+
+    def load(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = load_signature.bind(*args, **kwargs)
+        except TypeError:
+            _checked(kwargs)
+            return original_load(*args, **kwargs)
+        return original_load(**_checked(bound.arguments, kwargs))
+
+    load.__wrapped__ = original_load  # type: ignore[attr-defined]
+    cpp_extension.load = load
+
+
+def _checked(arguments: Any, keywords: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The call's arguments once :func:`sandbox.flags.check_build_call` accepts them (and the
+    keywords as given, should the signature gather some under ``**kwargs``), with the flag lists
+    copied to plain lists (what was checked is what is built); RuntimeError otherwise."""
+    call = dict(arguments)
+    problems = check_build_call({**call, **(keywords or {})})
+    if problems:
+        raise RuntimeError(f"{DISALLOWED_MESSAGE}: " + "; ".join(problems[:5]))
+    for key in ("extra_cflags", "extra_cuda_cflags", "extra_ldflags"):
+        if call.get(key) is not None:
+            call[key] = list(call[key])
+    return call
+
 
 def _pch_for(call: dict[str, Any], pch_root: str | None, wanted: list[list[str]]) -> str | None:
     if not pch_root or call.get("no_implicit_headers"):
         return None
-    extra = [str(f) for f in (call.get("extra_cflags") or [])]
+    if not pch_allowed(call.get("extra_cflags") or []):
+        return None  # not a project flag set: built without a PCH, and never reported
+    extra = pch_flags(call.get("extra_cflags") or []) or []
     candidate = Path(pch_root) / pch_key(extra)
     if _pch_complete(candidate):
         return str(candidate)
@@ -259,9 +335,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pch-root", required=True)
     ap.add_argument("--cflags", default="[]", help="JSON list of extra_cflags")
     a = ap.parse_args(argv)
+    cflags = json.loads(a.cflags)
+    if not pch_allowed(cflags):  # before anything is created: the request may be forged
+        raise ValueError(f"no PCH for extra_cflags {cflags!r}: not one of sandbox.build.PCH_FLAG_SETS")
     Path(a.pch_root).mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    out = build_pch(a.pch_root, json.loads(a.cflags))
+    out = build_pch(a.pch_root, cflags)
     print(json.dumps({"pch_dir": str(out), "seconds": round(time.perf_counter() - t0, 1)}))
     return 0
 

@@ -35,7 +35,7 @@ def _landlock(req: StepRequest, write_roots: list[str], proc_dir: str, scope: bo
         return []
     devices = roots.default_device_paths()
     if "landlock_read" in drop:  # the probe found the device needs more than the read rules give
-        return isolation.restrict_writes(write_roots, ["/dev", proc_dir], block_tcp=iso.network, scope=scope)
+        return isolation.restrict_writes(write_roots, devices + [proc_dir], block_tcp=iso.network, scope=scope)
     return isolation.restrict_access(read_roots(req), write_roots, devices, block_tcp=iso.network, scope=scope,
                                      proc_dir=proc_dir)
 

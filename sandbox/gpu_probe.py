@@ -18,13 +18,15 @@ from typing import Awaitable, Callable
 
 log = logging.getLogger("sandbox.gpu_probe")
 
-# Least protective first. A PID namespace goes first and with its private /proc (the harness must
+# Least protective first (seccomp, privileges and read rules are the newest measures, the least
+# proven against a driver). A PID namespace goes first and with its private /proc (the harness must
 # never be pid 1 of a namespace that sees the host's /proc); "landlock" drops Landlock altogether
 # (writes and TCP), so it is last: the network namespace is gone by then.
-DROP_ORDER = ("pidns", "landlock_scope", "mountns", "netns", "landlock")
+DROP_ORDER = ("seccomp", "privileges", "landlock_read", "pidns", "landlock_scope", "mountns", "netns", "landlock")
 # The name each measure has in EvalResult.isolation: a level whose measure was not in force changes
 # nothing and is not run.
-_APPLIED_NAME = {"pidns": "pidns", "landlock_scope": "landlock_signal_scope", "mountns": "mountns",
+_APPLIED_NAME = {"seccomp": "seccomp", "privileges": "caps_dropped", "landlock_read": "landlock_read",
+                 "pidns": "pidns", "landlock_scope": "landlock_signal_scope", "mountns": "mountns",
                  "netns": "netns", "landlock": "landlock_fs"}
 
 CUDA_PROBE_SRC = """\

@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sandbox import confine, share, sweep
+from sandbox import checks, confine, share, sweep
 from sandbox.gate import Gate
 from sandbox.worker_status import describe_status
-from sandbox.wire import Forged, StepRequest, check_reply, reported_failure
+from sandbox.wire import MARKER, Forged, StepRequest, check_reply, reported_failure
 
 _perf_counter = time.perf_counter  # captured before any answer exists anywhere near this process
 
@@ -88,16 +88,17 @@ class Runner:
         self.forged = 0
 
     @classmethod
-    def fork(cls, role: str, req: StepRequest, task: Any, close: list[int]) -> "Runner":
+    def fork(cls, role: str, req: StepRequest, task: Any) -> "Runner":
         from sandbox import runner
 
         ours, theirs = socket.socketpair()
         pid = os.fork()
         if pid == 0:
             try:
-                ours.close()
-                for fd in close:
-                    os.close(fd)
+                # nothing of the judge's but the channel: not its result socket, not the pool's pipes
+                keep = theirs.fileno()
+                os.closerange(3, keep)
+                os.closerange(keep + 1, 1 << 16)
                 workdir = str(Path(req.workdir) / role)
                 os.makedirs(workdir, exist_ok=True)
                 os.chdir(workdir)
@@ -173,8 +174,8 @@ class RunStep:
         req = self.req
         self.task = protocol.load_task(req.task_src, req.workdir)
         # both runners before CUDA starts here: a fork after CUDA init breaks CUDA in the child
-        self.ref = Runner.fork("reference", req, self.task, [])
-        self.cand = Runner.fork("candidate", req, self.task, [self.ref.chan.sock.fileno()])
+        self.ref = Runner.fork("reference", req, self.task)
+        self.cand = Runner.fork("candidate", req, self.task)
         try:
             return self._run()
         except Lost as lost:
@@ -184,7 +185,7 @@ class RunStep:
         finally:
             self.cand.kill()
             self.ref.kill()
-            sweep.kill_marked(None, everything=os.getpid() == 1)
+            sweep.kill_marked(os.environ.get(MARKER), everything=os.getpid() == 1)
 
     def _run(self) -> dict[str, Any]:
         from sandbox import protocol
@@ -213,7 +214,12 @@ class RunStep:
         self.result["compiled"] = True
         wall["load"] = round(_perf_counter() - t, 3)
         t = _perf_counter()
-        self.sets = [self._make_set(k) for k in range(max(1, int(req.input_sets)))]
+        # the candidate's buffers (the reference maps them too, and uses them only once the candidate
+        # is gone), and one the candidate never sees: the reference's output that a check compares
+        # with is computed there, on a fresh draw of the same seed (so nothing the answer changes
+        # in its buffers, even after the tamper check, can reach the reference's inputs)
+        self.sets = [self._make_set(k, [self.cand, self.ref]) for k in range(max(1, int(req.input_sets)))]
+        self.check_set = self._make_set(-1, [self.ref])
         wall["inputs"] = round(_perf_counter() - t, 3)
         t = _perf_counter()
         self._correctness()
@@ -228,7 +234,7 @@ class RunStep:
         ref_ms = req.ref_runtime_ms
         if ref_ms is None:
             self.cand.kill()  # nothing of the answer runs while the reference (cached per task) is timed
-            sweep.kill_marked(None, keep=[self.ref.pid], everything=os.getpid() == 1)
+            sweep.kill_marked(os.environ.get(MARKER), keep=[self.ref.pid], everything=os.getpid() == 1)
             t = _perf_counter()
             ref_ms, self.result["ref_runtime_spread"] = self._time(self.ref, check=False)
             wall["ref_timing"] = round(_perf_counter() - t, 3)
@@ -249,8 +255,8 @@ class RunStep:
 
     # --- inputs -------------------------------------------------------------------------------
 
-    def _make_set(self, k: int) -> dict[str, Any]:
-        """One input buffer set, drawn on the device and shared with both runners."""
+    def _make_set(self, k: int, runners: list[Runner]) -> dict[str, Any]:
+        """One input buffer set, drawn on the device and shared with ``runners``."""
         from sandbox import protocol
 
         req = self.req
@@ -277,14 +283,14 @@ class RunStep:
             bufs = values
             descs, fds = share.export(bufs)
         regions = share.regions_of(descs, fds)
-        for r in (self.ref, self.cand):
+        for r in runners:
             msg, _ = r.ask("inputs", self.deadline, fds=fds, set=k, tensors=descs)
             if not msg["ok"]:
                 kind, stage, error = reported_failure(msg, "correctness")
                 raise Lost("reference_error" if r is self.ref else kind, f"{r.role} inputs: {error}", stage)
         for fd in fds:
             os.close(fd)
-        return {"values": bufs, "regions": regions, "keep": keep, "seed": None}
+        return {"id": k, "values": bufs, "regions": regions, "keep": keep, "seed": None}
 
     def _fill(self, s: dict[str, Any], seed: int) -> None:
         """New values in the buffers of set ``s``, drawn from ``seed`` (outside any timed window)."""
@@ -306,21 +312,20 @@ class RunStep:
         s["seed"] = seed
 
     def _untouched(self, s: dict[str, Any], stage: str) -> None:
-        """The inputs still equal a fresh draw from their seed: a runner changed nothing in place."""
+        """The candidate's inputs still equal the check set's fresh draw from their seed: nothing was
+        changed in place."""
         import torch
 
-        from sandbox import protocol
-
-        pristine = protocol.make_inputs(self.task, s["seed"], self.req.device)
-        for i, (buf, p) in enumerate(zip(s["values"], pristine)):
-            if isinstance(buf, torch.Tensor) and not _same(buf, p):
+        for i, (buf, p) in enumerate(zip(s["values"], self.check_set["values"])):
+            if isinstance(buf, torch.Tensor) and not checks.same(buf, p):
                 raise Lost("rule_violation", f"input {i} was modified in place by the candidate", stage,
                            ("input_modified",))
 
     # --- calls --------------------------------------------------------------------------------
 
-    def _call(self, r: Runner, k: int, poison: int, stage: str) -> tuple[share.Imported | None, float, list]:
-        """One call of runner ``r`` on set ``k``: (its outputs, not yet opened, seconds)."""
+    def _call(self, r: Runner, k: int, poison: int, stage: str) -> tuple[Any, float, list[int]]:
+        """One call of runner ``r`` on its set ``k``: (its output descriptors, not yet opened,
+        seconds on the judge's clock, the descriptors' fds)."""
         t0 = _perf_counter()
         msg, fds = r.ask("call", self.deadline, set=k, poison=poison)
         seconds = _perf_counter() - t0
@@ -365,8 +370,8 @@ class RunStep:
                        f"{r.role} outputs could not be opened: {protocol.describe_exception(exc, 300)}", stage) from None
 
     def _checked(self, k: int, stage: str, cand: tuple[Any, list[int]]) -> tuple[float, float]:
-        """The candidate's outputs of the call just made on set ``k`` against the reference's on the
-        same inputs; raises on any mismatch. Returns (max abs, max rel) error."""
+        """The candidate's outputs of the call just made on set ``k`` against the reference's on a
+        fresh draw of the same seed; raises on any mismatch. Returns (max abs, max rel) error."""
         from sandbox import protocol
 
         s = self.sets[k]
@@ -375,62 +380,38 @@ class RunStep:
             new = [t.clone() if hasattr(t, "clone") else t for t in mine.tensors]  # frozen at once
         finally:
             mine.close()
+        # nothing the answer left running (a process of its own) runs beside the reference
+        sweep.kill_marked(os.environ.get(MARKER), keep=[self.ref.pid, self.cand.pid], everything=os.getpid() == 1)
+        self._fill(self.check_set, s["seed"])
         self._untouched(s, stage)
-        descs, _, fds = self._call(self.ref, k, 0, stage)
-        theirs = self._open(self.ref, descs, fds, k, stage)
+        descs, _, fds = self._call(self.ref, -1, 0, stage)
+        theirs = self._open(self.ref, descs, fds, -1, stage)
         try:
             import torch
 
             if not all(isinstance(x, torch.Tensor) for x in new):
                 raise Lost("wrong_output", "candidate output is not a tensor", stage)
             bad, a, rel = protocol.compare_with_errors(new, theirs.tensors, self.req.tolerance)
-            if bad is None and stage == "correctness" and not self.result.get("degenerate_checked"):
-                self.result["degenerate_checked"] = True
-                self._degenerate(theirs.tensors, s)
+            if bad is None and stage == "correctness" and "strict_check" not in self.result:
+                passing = checks.degenerate(theirs.tensors, self.check_set["values"], self.req.tolerance)
+                self.result["strict_check"] = passing
+                if passing:
+                    self.result["flags"] = sorted(set(self.result["flags"]) | {"degenerate_check"})
             if bad is not None:
                 if stage == "timing":
                     raise Lost("rule_violation", f"a timed call's output differs from the reference on the same "
                                f"inputs (a cached, constant or stale answer?): {bad.message}", stage, ("stale_output",))
                 self.result.update(which_output=bad.which_output, max_abs_err=bad.max_abs_err,
                                    max_rel_err=bad.max_rel_err)
-                raise Lost("wrong_output", bad.message, stage)
+                raise Lost("wrong_output", f"trial {self.result.get('trials_passed', 0)}: {bad.message}", stage)
             if self.result.get("strict_check"):
-                self._strict(new, theirs.tensors, stage)
+                err = checks.relative_floor(new, theirs.tensors, self.req.tolerance, self.result["strict_check"])
+                if err:
+                    raise Lost("wrong_output" if stage == "correctness" else "rule_violation", err, stage,
+                               () if stage == "correctness" else ("stale_output",))
             return a, rel
         finally:
             theirs.close()
-
-    def _degenerate(self, refs: list[Any], s: dict[str, Any]) -> None:
-        """Would zeros, the first input or a constant pass this check? Then the check is too loose
-        for this task at these tolerances: from here on a relative-error floor applies as well."""
-        import torch
-
-        from sandbox import protocol
-
-        first = s["values"][0] if s["values"] else None
-        trivial = {"zeros": [torch.zeros_like(r) for r in refs],
-                   "constant": [torch.full_like(r, float(r.double().mean())) if r.is_floating_point() else r
-                                for r in refs]}
-        if isinstance(first, torch.Tensor) and len(refs) == 1 and first.shape == refs[0].shape \
-                and first.dtype == refs[0].dtype:
-            trivial["input"] = [first]
-        passing = [name for name, outs in trivial.items()
-                   if protocol.compare_with_errors(outs, refs, self.req.tolerance)[0] is None]
-        if passing:
-            self.result["strict_check"] = passing
-            self.result["flags"] = sorted(set(self.result["flags"]) | {"degenerate_check"})
-
-    def _strict(self, new: list[Any], refs: list[Any], stage: str) -> None:
-        for i, (n, r) in enumerate(zip(new, refs)):
-            if not r.is_floating_point():
-                continue
-            scale = float(r.double().norm())
-            err = float((n.double() - r.double()).norm())
-            tol = protocol_rtol(r.dtype, self.req.tolerance)
-            if scale == 0.0 or err / scale > tol:
-                raise Lost("wrong_output", f"output {i}: relative error {err / max(scale, 1e-30):.3g} over {tol:g} "
-                           f"(this task's check passes {self.result['strict_check']} at its tolerances, so a "
-                           f"relative floor applies)", stage)
 
     def _correctness(self) -> None:
         req = self.req
@@ -485,21 +466,3 @@ class RunStep:
         median = float(statistics.median(times))
         q = statistics.quantiles(times, n=4) if len(times) >= 2 else [median, median, median]
         return median, (q[2] - q[0]) / median if median > 0 else 0.0
-
-
-def protocol_rtol(dtype: Any, tolerance: dict[str, Any]) -> float:
-    from sandbox import protocol
-
-    return max(protocol.tolerance_for(dtype, tolerance)[1], 1e-3)
-
-
-def _same(a: Any, b: Any) -> bool:
-    import torch
-
-    if not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if torch.equal(a, b):
-        return True
-    if a.is_floating_point() or a.is_complex():
-        return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
-    return False

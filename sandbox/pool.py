@@ -437,7 +437,8 @@ class EvalPool:
         build_dir = self.cache / "builds" / bkey
         build_dir.mkdir(parents=True, exist_ok=True)
         (workdir / "tmp").mkdir(parents=True, exist_ok=True)
-        use_as = backend == "cpu" or (backend == "triton" and gpu is None)
+        # RLIMIT_AS stops CUDA (the driver reserves huge address ranges): host steps only
+        use_as = backend == "cpu" or (backend == "triton" and req.get("device", "cpu") == "cpu" and mode != "probe")
         step = StepRequest(
             **req, workdir=str(workdir), build_dir=str(build_dir),
             pch_root=str(self.cache / "pch") if cfg.precompiled_header else None,

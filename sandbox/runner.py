@@ -30,11 +30,13 @@ def run(role: str, req: StepRequest, task: Any, sock: socket.socket, confined: l
         op = msg.get("op") if isinstance(msg, dict) else None
         if op == "stop" or op is None:
             os._exit(0)
+        from sandbox import protocol
+
         try:
             reply, out_fds = _handle(role, req, task, op, msg, fds, state)
+        except protocol.StepError as exc:
+            reply, out_fds = {"ok": False, "kind": exc.kind, "error": exc.message, "stage": exc.stage}, []
         except BaseException as exc:  # noqa: BLE001 - SystemExit and the like from answer code too
-            from sandbox import protocol
-
             reply, out_fds = {"ok": False, "kind": protocol.memory_or_runtime(exc), "error":
                               protocol.describe_exception(exc), "stage": _stage(op)}, []
         try:

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from sandbox.wire import DESCRIPTOR_KEYS, IPC_HANDLE_BYTES, MAX_DIMS, MAX_MESSAGE_BYTES, Forged
+from sandbox.wire import DESCRIPTOR_KEYS, MAX_DIMS, MAX_HANDLE_BYTES, MAX_MESSAGE_BYTES, Forged
 
 _F_ADD_SEALS, _F_GET_SEALS = 1033, 1034
 _F_SEAL_SEAL, _F_SEAL_SHRINK, _F_SEAL_GROW, _F_SEAL_WRITE, _F_SEAL_FUTURE_WRITE = 1, 2, 4, 8, 16
@@ -263,10 +263,11 @@ def _import_cuda(d: dict[str, Any], out: Imported, device: str, dtype: torch.dty
                  stride: list[int], offset: int, item: int, extent: int) -> torch.Tensor:
     if not device.startswith("cuda"):
         raise Forged("a device tensor where a host tensor was expected")
-    handle, ref = _unb64(d["handle"], IPC_HANDLE_BYTES), _unb64(d["ref_counter"], 256)
-    event = None if d["event"] is None else _unb64(d["event"], IPC_HANDLE_BYTES)
-    if handle is None or len(handle) != IPC_HANDLE_BYTES or ref is None or not _ref_name_ok(ref) \
-            or (d["event"] is not None and (event is None or len(event) != IPC_HANDLE_BYTES)) \
+    # torch prefixes the CUDA handle with its kind (a cudaMalloc block or expandable segments)
+    handle, ref = _unb64(d["handle"], MAX_HANDLE_BYTES), _unb64(d["ref_counter"], 256)
+    event = None if d["event"] is None else _unb64(d["event"], MAX_HANDLE_BYTES)
+    if not handle or ref is None or not _ref_name_ok(ref) \
+            or (d["event"] is not None and not event) \
             or not _ints([d["storage_bytes"], d["storage_offset_bytes"], d["ref_counter_offset"]]) \
             or not isinstance(d["event_sync"], bool) or extent * item > d["storage_bytes"]:
         raise Forged("a CUDA IPC descriptor that does not fit")

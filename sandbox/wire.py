@@ -130,9 +130,9 @@ RUNNER_KINDS = ("load_error", "compile_error", "runtime_error", "memory_limit", 
 RUNNER_STAGES = ("load", "compile", "correctness", "timing")
 
 # A shared tensor: {"kind": "cuda" | "memfd", "dtype", "shape", "stride", "offset"} plus, for
-# "cuda": "handle" (base64 of the 64-byte cudaIpcMemHandle), "storage_bytes", "storage_offset_bytes",
+# "cuda": "handle" (base64 of torch's handle: a kind byte + the cudaIpcMemHandle), "storage_bytes", "storage_offset_bytes",
 # "ref_counter" (base64 name of torch's shared ref counter), "ref_counter_offset", "event" (base64
-# of the 64-byte cudaIpcEventHandle or null), "event_sync"; for "memfd": "nbytes", "fd" (its index
+# of the cudaIpcEventHandle or null), "event_sync"; for "memfd": "nbytes", "fd" (its index
 # among the message's passed descriptors). A non-tensor input: {"kind": "value", "value": ...}.
 DESCRIPTOR_KEYS = {
     "cuda": {"kind", "dtype", "shape", "stride", "offset", "handle", "storage_bytes", "storage_offset_bytes",
@@ -140,7 +140,7 @@ DESCRIPTOR_KEYS = {
     "memfd": {"kind", "dtype", "shape", "stride", "offset", "nbytes", "fd"},
     "value": {"kind", "value"},
 }
-IPC_HANDLE_BYTES = 64          # sizeof(cudaIpcMemHandle_t) == sizeof(cudaIpcEventHandle_t)
+MAX_HANDLE_BYTES = 4096        # a CUDA IPC handle as torch shares it: a kind byte + cudaIpcMemHandle_t (64), or more
 MAX_DIMS = 16
 
 

@@ -41,7 +41,8 @@ def main() -> int:
     namespaces = isolation.unshare_namespaces(network=iso.network and "netns" not in drop,
                                               pids=iso.pids and not drop & {"pidns", "mountns"},
                                               mounts=iso.pids and "mountns" not in drop,
-                                              uts=iso.pids, ipc=iso.pids)
+                                              uts=iso.pids and "pidns" not in drop,
+                                              ipc=iso.pids and "pidns" not in drop)
     applied += namespaces
     log_r, log_w = os.pipe()
     # A socket, not a pipe: where neither a PID namespace nor Landlock keeps the runners out of the

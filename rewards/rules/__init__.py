@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 from rewards.rules.analysis import Answer
 from rewards.rules.base import Rule, RuleSettings, Violation
+from rewards.rules.build import check_build_arguments
+from rewards.rules.caching import check_result_cache
 from rewards.rules.compute import COMPUTE_METHODS, check_extension_compute, check_torch_compute
 from rewards.rules.escape import (check_dynamic_code, check_environment, check_file_or_network,
                                   check_inherits_reference, check_monkey_patching, check_processes,
@@ -43,6 +45,13 @@ RULES: dict[str, Rule] = {r.name: r for r in [
          "code from these checks.", check_dynamic_code),
     Rule("reference_access", "No use of the reference Model, the harness's inputs, or the interpreter's "
          "internals (sys.modules, frames, gc, importlib, __main__).", check_reference_access),
+    Rule("build_arguments", "load_inline/load compiler and linker flags must be on the sandbox's allowlist "
+         "(optimisation and target flags, -D/-U macros, warnings, nvcc arch/ptxas/fast-math options, -l for CUDA "
+         "math libraries, OpenMP); no include or library paths, build directories, wrappers, plugins, "
+         "response files or linker options.", check_build_arguments),
+    Rule("result_cache", "ModelNew must compute every call: no caching of results keyed by an input tensor's "
+         "identity or values (data_ptr, id, hash, item, tolist, the tensor itself) and no functools cache "
+         "around code given inputs.", check_result_cache),
 ]}
 
 

@@ -39,26 +39,44 @@ class _TensorNames:
         self.layers = a.layer_attrs(cls)
         self.methods = a.methods(cls)
         self.names = set(seeds)
+        self.self_attrs: set[str] = set()   # self.<attr> given a tensor in this function
+        self.containers: set[str] = set()   # dicts/lists (names, "self.<attr>") given a tensor by index
         for _ in range(2):  # two passes settle straight-line code and simple loops
             for node in ast.walk(fn):
                 value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
                 if value is not None and self.is_tensor(value):
                     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                     for t in targets:
-                        for n in ast.walk(t):
-                            if isinstance(n, ast.Name):
-                                self.names.add(n.id)
+                        self._bind(t)
+
+    def _bind(self, target: ast.AST) -> None:
+        """A tensor is stored into ``target``: the names it binds become tensors. A store into an
+        index or an attribute (``out["y"] = ...``, ``self.buf = ...``) does not make the container
+        or ``self`` a tensor; it makes ``out["y"]`` / ``self.buf`` read back as one."""
+        if isinstance(target, ast.Name):
+            self.names.add(target.id)
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            for el in target.elts:
+                self._bind(el)
+        elif isinstance(target, ast.Starred):
+            self._bind(target.value)
+        elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+            self.self_attrs.add(target.attr)
+        elif isinstance(target, ast.Subscript) and not self.is_tensor(target.value):
+            key = _container_key(target.value)
+            if key is not None:
+                self.containers.add(key)
 
     def is_tensor(self, node: ast.AST) -> bool:
         if isinstance(node, ast.Name):
             return node.id in self.names
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
-            return node.attr in self.params
+            return node.attr in self.params or node.attr in self.self_attrs
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and \
                 isinstance(node.value.value, ast.Name) and node.value.value.id == "self":
             return node.value.attr in self.layers and node.attr in ("weight", "bias")
         if isinstance(node, ast.Subscript):
-            return self.is_tensor(node.value)
+            return self.is_tensor(node.value) or _container_key(node.value) in self.containers
         if isinstance(node, ast.BinOp):
             return self.is_tensor(node.left) or self.is_tensor(node.right)
         if isinstance(node, ast.Call):
@@ -108,6 +126,15 @@ class _TensorNames:
     def tensor_params_of_calls(self, fn: ast.FunctionDef) -> list[tuple[ast.FunctionDef, set[str]]]:
         """For every call from ``fn`` to a local helper: the helper's parameters that get tensors."""
         return [self.bind(call) for call in calls_in([fn]) if self.local_callee(call.func) is not None]
+
+
+def _container_key(node: ast.AST) -> str | None:
+    """``out`` -> "out", ``self.cache`` -> "self.cache"; None for anything else."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+        return f"self.{node.attr}"
+    return None
 
 
 def _layer_call(func: ast.AST, layers: set[str]) -> str | None:

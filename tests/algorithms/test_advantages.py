@@ -41,3 +41,33 @@ def test_parity_with_verl_on_random_input():
 
 def test_empty():
     assert group_advantages(torch.zeros(0), [], True, 1e-6).shape == (0,)
+
+
+def test_a_group_equal_up_to_rounding_is_constant():
+    one_ulp = float(np.nextafter(np.float32(1.0), np.float32(2.0)))
+    r = torch.tensor([1.0] * 63 + [one_ulp], dtype=torch.float32)
+    assert float(r[-1]) != 1.0  # really one ulp apart
+    ids = ["a"] * 64
+    for norm in (True, False):
+        assert torch.equal(group_advantages(r, ids, norm_by_std=norm, eps=1e-6), torch.zeros(64))
+    # relative to the group's scale: returns near 1000 that differ in the 7th digit are constant too
+    big = torch.tensor([1000.0, 1000.0 + 5e-4], dtype=torch.float64)
+    assert torch.equal(group_advantages(big, ["b", "b"], True, 1e-6), torch.zeros(2, dtype=torch.float64))
+
+
+def test_a_group_with_a_real_difference_is_kept():
+    r = torch.tensor([1.0] * 63 + [1.1])
+    adv = group_advantages(r, ["a"] * 64, norm_by_std=True, eps=1e-6)
+    assert adv[-1] > 1.0 and (adv[:-1] < 0).all()
+    small = torch.tensor([0.0, 2e-6])  # below scale 1, the tolerance is absolute: 2e-6 > 1e-6 is kept
+    assert group_advantages(small, ["s", "s"], False, 1e-6).abs().sum() > 0
+
+
+def test_batch_drops_the_near_constant_group():
+    from pipeline.algorithms.filters import zero_advantage_groups
+
+    one_ulp = float(np.nextafter(np.float32(1.0), np.float32(2.0)))
+    r = torch.tensor([1.0] * 63 + [one_ulp] + [1.0] * 63 + [1.1], dtype=torch.float32)
+    ids = ["const"] * 64 + ["kept"] * 64
+    z = zero_advantage_groups(group_advantages(r, ids, norm_by_std=True, eps=1e-6), ids)
+    assert z.groups == ["const"] and z.n_samples == 64

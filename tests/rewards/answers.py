@@ -156,6 +156,35 @@ ADVERSARIAL: dict[str, tuple[str, str, str]] = {
                                "        return x.view(-1).view(x.shape)\n", "cpu"),
     "no_model_new": ("no_model_new", TRITON_HEADER + "\nclass Model2(nn.Module):\n    def forward(self, x):\n"
                      "        return launch(x)\n", "triton"),
+    "wrapper_in_extra_cflags": ("build_arguments", CPP_HEADER.replace(
+        'functions=["f"])', 'functions=["f"], extra_cflags=["-O3", "-wrapper", "/bin/sh,/tmp/x"])') +
+        "\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return ext.f(x)\n", "cpu"),
+    "rpath_in_ldflags_through_a_name": ("build_arguments", CPP_HEADER.replace(
+        'ext = load_inline(', 'LD = ["-Wl,-rpath,/tmp"]\next = load_inline(extra_ldflags=LD, ') +
+        "\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return ext.f(x)\n", "cpu"),
+    "include_path_argument": ("build_arguments", CPP_HEADER.replace(
+        'functions=["f"])', 'functions=["f"], extra_include_paths=["/root"])') +
+        "\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return ext.f(x)\n", "cpu"),
+    "ccbin_in_cuda_cflags": ("build_arguments", CPP_HEADER.replace("load_inline(", "load_inline(cuda_sources=CU, ")
+        .replace('functions=["f"])', 'functions=["f"], extra_cuda_cflags=["-O3", "-Xcompiler", "-B/tmp"])')
+        .replace("SRC =", 'CU = "__global__ void k() {}"\nSRC =')
+        + "\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return ext.f(x)\n", "cuda"),
+    "cache_keyed_by_data_ptr": ("result_cache", CPP_HEADER + "\nclass ModelNew(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.cache = {}\n\n"
+        "    def forward(self, x):\n        key = (x.data_ptr(), x.shape)\n        if key in self.cache:\n"
+        "            return self.cache[key]\n        y = ext.f(x)\n        self.cache[key] = y\n        return y\n",
+        "cpu"),
+    "module_cache_keyed_by_values": ("result_cache", TRITON_HEADER + "\n_SEEN = []\n\n\nclass ModelNew(nn.Module):\n"
+        "    def forward(self, x):\n        sig = x.sum().item()\n        for k, v in _SEEN:\n"
+        "            if k == sig:\n                return v\n        y = launch(x.contiguous())\n"
+        "        _SEEN.append((sig, y))\n        return y\n", "triton"),
+    "cache_keyed_by_the_tensor_in_a_helper": ("result_cache", triton_answer(
+        "\n    def run(self, t):\n        if t in self.memo:\n            return self.memo[t]\n"
+        "        self.memo[t] = launch(t)\n        return self.memo[t]\n",
+        forward="return self.run(x.contiguous())", extra_init="self.memo = {}"), "triton"),
+    "lru_cache_around_the_kernel": ("result_cache", TRITON_HEADER + "\nimport functools\n\n\n"
+        "@functools.lru_cache(maxsize=None)\ndef cached(x):\n    return launch(x)\n\n\nclass ModelNew(nn.Module):\n"
+        "    def forward(self, x):\n        return cached(x)\n", "triton"),
 }
 
 KERNELBENCH_STYLE_CUDA = '''
@@ -236,4 +265,25 @@ CLEAN: dict[str, tuple[str, str]] = {
         "SRC =", 'CU = "__global__ void k() {} void g() { k<<<1, 1, 0, at::cuda::getCurrentCUDAStream()>>>(); }"\nSRC =')
         + "\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        torch.cuda.synchronize()\n"
           "        return ext.f(x)\n", "cuda"),
+    "honest_dict_and_attribute_stores": (triton_answer(
+        "", forward='out = {}\n        out["y"] = launch(x.contiguous())\n        self.cache_buf = launch(out["y"])\n'
+                    '        self.calls = self.calls + 1\n        return self.cache_buf', extra_init="self.calls = 0"),
+        "triton"),
+    "buffer_cache_keyed_by_shape": (triton_answer(
+        "\n    def buf(self, x):\n        key = (tuple(x.shape), x.dtype, x.device)\n        if key not in self.bufs:\n"
+        "            self.bufs[key] = torch.empty_like(x)\n        return self.bufs[key]\n",
+        forward="out = self.buf(x)\n        n = x.numel()\n        relu_kernel[(triton.cdiv(n, 1024),)](x, out, n, "
+                "BLOCK=1024)\n        return out", extra_init="self.bufs = {}"), "triton"),
+    "weight_cache_keyed_by_weight_data_ptr": (CPP_HEADER + "\nclass ModelNew(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.w = nn.Parameter(torch.ones(4))\n        self.prepped = {}\n\n"
+        "    def forward(self, x):\n        k = self.w.data_ptr()\n        if k not in self.prepped:\n"
+        "            self.prepped[k] = ext.f(self.w)\n        return ext.f(x, self.prepped[k])\n", "cpu"),
+    "lru_cache_on_a_launch_config": (TRITON_HEADER + "\nimport functools\n\n\n@functools.lru_cache(maxsize=None)\n"
+        "def grid(n):\n    return (triton.cdiv(n, 1024),)\n\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
+        "        out = torch.empty_like(x)\n        relu_kernel[grid(x.numel())](x, out, x.numel(), BLOCK=1024)\n"
+        "        return out\n", "triton"),
+    "allowed_build_flags": (CPP_HEADER.replace('functions=["f"])', 'functions=["f"], extra_cflags=FLAGS, '
+                            'extra_ldflags=["-fopenmp", "-lgomp"], verbose=False)').replace(
+        "SRC =", 'FLAGS = ["-O3", "-ffast-math", "-march=native", "-fopenmp", "-DBLOCK=64", ""]\nSRC =') +
+        "\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return ext.f(x)\n", "cpu"),
 }

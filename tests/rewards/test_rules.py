@@ -66,3 +66,37 @@ def test_unknown_rule_name_is_an_error_naming_it():
 def test_every_rule_has_a_description():
     for rule in RULES.values():
         assert rule.name and len(rule.description) > 20
+
+
+@pytest.mark.parametrize("forward", [
+    'out = {}\n        out["y"] = launch(x.contiguous())\n        return out["y"]',
+    'self.cache_buf = launch(x.contiguous())\n        return self.cache_buf',
+    'outs = [None]\n        outs[0] = launch(x.contiguous())\n        return outs[0]',
+    'self.outs = {}\n        self.outs["y"] = launch(x.contiguous())\n        self.n = 1\n        return self.outs["y"]',
+])
+def test_dict_and_attribute_stores_are_not_tensor_writes(forward):
+    assert broken(triton_answer("", forward=forward), "triton") == set()
+
+
+@pytest.mark.parametrize("forward", [
+    "y = launch(x.contiguous())\n        y[0] = 0\n        return y",
+    "x[x < 0] = 0\n        return launch(x.contiguous())",
+    "mask = x > 1\n        x[mask] = 0\n        return launch(x.contiguous())",
+    'out = {}\n        out["y"] = launch(x.contiguous())\n        out["y"][0] = 1\n        return out["y"]',
+    "self.buf = launch(x.contiguous())\n        self.buf[:, 0] = 1\n        return self.buf",
+])
+def test_indexed_writes_into_tensors_are_still_flagged(forward):
+    reasons = [v.reason for v in check_rules(triton_answer("", forward=forward), "triton",
+                                             ["torch_compute_in_forward"], SETTINGS)]
+    assert any("indexed write into a tensor" in r for r in reasons), reasons
+
+
+def test_build_argument_reasons_name_the_flag():
+    _, src, backend = ADVERSARIAL["wrapper_in_extra_cflags"]
+    reasons = [v.reason for v in check_rules(src, backend, ["build_arguments"], SETTINGS)]
+    assert any("'-wrapper'" in r and "extra_cflags" in r and r.startswith("line ") for r in reasons), reasons
+
+
+def test_non_literal_build_arguments_are_left_to_the_sandbox():
+    src = CLEAN["allowed_build_flags"][0].replace('FLAGS = ["-O3"', 'FLAGS = list(["-wrapper"]) + ["-O3"')
+    assert "build_arguments" not in broken(src, "cpu")

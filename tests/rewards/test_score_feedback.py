@@ -86,3 +86,11 @@ def test_feedback_messages_by_outcome():
     rules = rules_feedback([Violation("try_except", "line 3: try/except ...")])
     assert "try_except" in rules and "line 3" in rules
     assert "```python" in parse_feedback(parse_response("no code here"))
+
+
+def test_a_run_time_rule_violation_scores_zero_even_if_the_outputs_matched():
+    caught = correct(5.0)
+    caught.error_kind, caught.flags = "rule_violation", ["output_aliases_input"]
+    assert score_result(caught, CFG).score == 0.0
+    text = result_feedback(caught, 500, 0.0)
+    assert "output_aliases_input" in text and "shares memory with an input" in text and "correct" not in text

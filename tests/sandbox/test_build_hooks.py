@@ -123,3 +123,34 @@ def test_cpp_only_builds_and_a_disabled_narrow_header_are_untouched(recorder, di
     _hooked(dirs)("cpu_ext", "int f() { return 1; }", functions=["f"])
     _hooked(dirs, narrow=False)("cuda_ext", "", cuda_sources=CU)
     assert [(c["name"], c["extra_cuda_cflags"]) for c in calls] == [("cpu_ext", []), ("cuda_ext", [])]
+
+
+@pytest.mark.parametrize("kw", [{"extra_cflags": ["-wrapper", "/bin/sh,x"]}, {"extra_cflags": ["-O3 -B/tmp"]},
+                                {"extra_cuda_cflags": ["-ccbin", "/tmp/cc"]}, {"extra_ldflags": ["-Wl,-rpath,/tmp"]},
+                                {"extra_include_paths": ["/root"]}, {"build_directory": "/tmp/x"},
+                                {"extra_cflags": ["@/etc/passwd"]}])
+def test_a_disallowed_build_argument_is_refused_before_any_build(recorder, dirs, kw):
+    calls, _ = recorder
+    with pytest.raises(RuntimeError, match="^disallowed build argument: "):
+        _hooked(dirs)("ext", "", cuda_sources=CU, **kw)
+    with pytest.raises(RuntimeError, match="^disallowed build argument: "):  # positional arguments too
+        _hooked(dirs)("ext", "", CU, None, kw.get("extra_cflags"), kw.get("extra_cuda_cflags"), kw.get("extra_ldflags"),
+                      kw.get("extra_include_paths"), **{k: v for k, v in kw.items() if k == "build_directory"})
+    assert calls == [] and not list((dirs / "b").iterdir())
+
+
+def test_allowed_flags_pass_through_as_plain_copies(recorder, dirs):
+    calls, _ = recorder
+    flags = ("-O3", "--use_fast_math", "-Xptxas", "-v")
+    _hooked(dirs, narrow=False)("ext", "", cuda_sources=CU, extra_cuda_cflags=flags)
+    assert calls[-1]["extra_cuda_cflags"] == list(flags)
+
+
+def test_load_is_checked_too(monkeypatch, tmp_path):
+    seen = []
+    monkeypatch.setattr(cpp_extension, "load", lambda name, sources, extra_cflags=None, **kw: seen.append(extra_cflags))
+    _hooked(tmp_path)
+    with pytest.raises(RuntimeError, match="^disallowed build argument: .*-fplugin"):
+        cpp_extension.load("ext", ["a.cpp"], extra_cflags=["-fplugin=/tmp/p.so"])
+    cpp_extension.load("ext", ["a.cpp"], extra_cflags=["-O3"])
+    assert seen == [["-O3"]]

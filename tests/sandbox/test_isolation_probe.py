@@ -52,7 +52,9 @@ async def test_a_probe_failing_under_the_private_proc_drops_the_pid_namespace_on
 async def test_a_probe_failing_in_a_network_namespace_steps_down_to_it_and_keeps_landlock_tcp(sandbox_cfg):
     if len(socket.if_nameindex()) < 2:
         pytest.skip("this machine has only a loopback interface")
-    probe = cpu_probe("import socket\nassert len(socket.if_nameindex()) > 1, 'only loopback: a netns'\n")
+    # /proc/net/dev lists the interfaces of the reader's network namespace (if_nameindex() would need
+    # a netlink socket, which seccomp refuses on its own)
+    probe = cpu_probe("n = open('/proc/net/dev').read().count(':')\nassert n > 1, 'only loopback: a netns'\n")
     async with EvalPool(sandbox_cfg, isolation_probe=probe) as pool:
         res = await pool.evaluate(RELU, ANSWER, "cpu", **QUICK)
         verdict = pool.probe_verdict
@@ -60,7 +62,7 @@ async def test_a_probe_failing_in_a_network_namespace_steps_down_to_it_and_keeps
     if "netns" not in verdict.isolation and not verdict.dropped:
         pytest.skip("no network namespace on this machine")
     assert verdict.worked and "netns" in verdict.dropped and "landlock" not in verdict.dropped, verdict
-    assert verdict.dropped == tuple(m for m in DROP_ORDER[:4] if m in verdict.dropped)
+    assert verdict.dropped == ("netns",), verdict  # the one measure in the way, alone
     assert "netns" not in res.isolation
     assert {"landlock_fs", "landlock_tcp"} <= set(res.isolation), res.isolation  # TCP stays blocked
 

@@ -1,13 +1,44 @@
-"""When the pool builds a precompiled header (a real g++ run; a bogus flag makes it fail fast)."""
+"""When the pool builds a precompiled header (a real g++ run), and for which flag sets
+(sandbox.build.PCH_FLAG_SETS only: the trusted builder refuses any other)."""
 import asyncio
 import dataclasses
+import json
 
+import pytest
+
+from sandbox import build
 from sandbox.pool import EvalPool
 
 
-async def test_a_flag_set_gets_a_pch_build_on_its_second_use_only_once(sandbox_cfg, tmp_path):
+@pytest.mark.parametrize("flags", [[], [""], ["-O3"], ["-O3", "-fopenmp"], ["-O3", "-ffast-math", "-march=native",
+                                                                           "-fopenmp"]])
+def test_project_flag_sets_may_get_a_pch(flags):
+    assert build.pch_allowed(flags)
+
+
+@pytest.mark.parametrize("flags", [["-wrapper", "/bin/sh,x"], ["-O3", "-wrapper", "/bin/sh,x"], ["-fopenmp", "-O3"],
+                                   ["-O1"], ["-fno-such-flag-for-this-test"], "-O3", [3], None, {"-O3": 1}])
+def test_any_other_flag_set_is_refused_by_the_trusted_builder(flags, tmp_path, capsys):
+    assert not build.pch_allowed(flags)
+    with pytest.raises(ValueError, match="PCH_FLAG_SETS"):
+        build.build_pch(tmp_path / "pch", flags)
+    with pytest.raises(ValueError, match="PCH_FLAG_SETS"):  # what the pool runs: refused before g++ starts
+        build.main(["--pch-root", str(tmp_path / "pch"), "--cflags", json.dumps(flags)])
+    assert not (tmp_path / "pch").exists()
+
+
+def test_only_project_flag_sets_are_reported_as_wanted(tmp_path):
+    wanted = []
+    assert build._pch_for({"extra_cflags": ["-O3", "-funroll-loops"]}, str(tmp_path), wanted) is None
+    assert build._pch_for({"extra_cflags": ["-O3"]}, str(tmp_path), wanted) is None
+    assert build._pch_for({"extra_cflags": [""]}, str(tmp_path), wanted) is None
+    assert wanted == [["-O3"], []]
+
+
+async def test_a_flag_set_gets_a_pch_build_on_its_second_use_only_once(sandbox_cfg, tmp_path, monkeypatch):
     cfg = dataclasses.replace(sandbox_cfg, precompiled_header=True, pch_min_builds=2, cache_dir=str(tmp_path))
-    flags = ["-fno-such-flag-for-this-test"]
+    monkeypatch.setenv("CXX", "false")  # the builder's compiler fails at once: what is under test is the schedule
+    flags = ["-O2"]
     async with EvalPool(cfg) as pool:
         pool._schedule_pch(flags)
         assert not pool._pch_building
@@ -16,6 +47,9 @@ async def test_a_flag_set_gets_a_pch_build_on_its_second_use_only_once(sandbox_c
         assert len(pool._pch_building) == 1
         await asyncio.gather(*pool._pch_building.values())
         assert pool.stats().get("pch_failed") == 1.0 and "pch_built" not in pool.stats()
+        for _ in range(3):  # a flag set outside PCH_FLAG_SETS is never built, however often it is asked for
+            pool._schedule_pch(["-fno-such-flag-for-this-test"])
+        assert not [k for k in pool._pch_building if "no-such" in k]
     assert not [p for p in (tmp_path / "pch").iterdir() if not p.name.startswith(".")]
 
 

@@ -124,7 +124,17 @@ _SEEKER = textwrap.dedent('''
             except OSError:
                 continue
             if link.startswith("socket:"):
-                return f"fd {{n}} is a socket ({{link}}): the key's?"
+                import socket
+                try:
+                    sock = socket.socket(fileno=os.dup(int(n)))
+                    sock.setblocking(False)
+                    data = sock.recv(1 << 16, socket.MSG_PEEK)
+                    sock.detach()
+                except OSError:
+                    data = b""
+                if holds(data):
+                    return f"fd {{n}} ({{link}})"
+                continue
             if os.path.isfile(link) and holds(read(link)):
                 return f"fd {{n}} ({{link}})"
         for root, _, files in os.walk(os.getcwd()):

@@ -1,0 +1,51 @@
+"""The judge's comparisons beyond the tolerance check (sandbox/protocol.py compare_with_errors):
+inputs left as they were, and answers a loose tolerance cannot tell from real ones."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from sandbox import protocol
+
+
+def same(a: torch.Tensor, b: Any) -> bool:
+    """Equal values (NaN where NaN) of the same shape and dtype."""
+    if not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if torch.equal(a, b):
+        return True
+    if a.is_floating_point() or a.is_complex():
+        return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+    return False
+
+
+def degenerate(refs: list[torch.Tensor], inputs: list[Any], tolerance: dict[str, Any]) -> list[str]:
+    """Which trivial answers (zeros, a constant, the first input) would pass this task's check at
+    these tolerances (KernelBench notes that all-zero outputs pass some level-1 problems): where any
+    does, the check is too loose for the task, and :func:`relative_floor` applies as well."""
+    trivial = {"zeros": [torch.zeros_like(r) for r in refs],
+               "constant": [torch.full_like(r, float(r.double().mean())) if r.is_floating_point() and r.numel()
+                            else r.clone() for r in refs]}
+    first = inputs[0] if inputs else None
+    if isinstance(first, torch.Tensor) and len(refs) == 1 and first.shape == refs[0].shape \
+            and first.dtype == refs[0].dtype:
+        trivial["input"] = [first]
+    return [name for name, outs in trivial.items()
+            if any(r.numel() for r in refs) and protocol.compare_with_errors(outs, refs, tolerance)[0] is None]
+
+
+def relative_floor(new: list[torch.Tensor], refs: list[torch.Tensor], tolerance: dict[str, Any],
+                   passing: list[str]) -> str | None:
+    """The relative error of each floating output as a whole (its norm) must be within the dtype's
+    rtol (at least 1e-3): zeros or a constant are off by ~100 % there, an honest kernel by rounding."""
+    for i, (n, r) in enumerate(zip(new, refs)):
+        if not r.is_floating_point() or not r.numel():
+            continue
+        scale = float(r.double().norm())
+        err = float((n.double() - r.double()).norm())
+        tol = max(protocol.tolerance_for(r.dtype, tolerance)[1], 1e-3)
+        if scale == 0.0 or err / scale > tol:
+            return (f"output {i}: relative error {err / max(scale, 1e-30):.3g} over {tol:g} (this task's check "
+                    f"passes {passing} at its tolerances, so a relative floor applies)")
+    return None
