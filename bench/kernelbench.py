@@ -266,6 +266,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--levels", type=int, nargs="+", default=[1, 2])
     p.add_argument("--limit", type=int, default=None, help="at most N tasks per level")
     p.add_argument("--tasks", default=None, help="glob on the file name (or levelN/name)")
+    p.add_argument("--skip-done", default=None, help="a JSON of an earlier run: skip the tasks it evaluated")
+    p.add_argument("--limit-total", type=int, default=None, help="with --skip-done: at most N tasks")
     p.add_argument("--backend", default="cuda", choices=["cuda", "cpu", "triton"])
     p.add_argument("--out", default=None)
     p.add_argument("--max-concurrent", type=int, default=None)
@@ -287,6 +289,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         recs = answer_records(root, Path(args.answers))
     else:
         recs = discover(root, args.levels, args.tasks, args.limit)
+        if args.skip_done:  # resume: only what an earlier run (cut by its budget) did not evaluate
+            done = {r["task"] for r in json.loads(Path(args.skip_done).read_text())["records"]
+                    if r.get("verdict") not in (None, "not_run", "cancelled")}
+            recs = [r for r in recs if r["task"] not in done]
+            recs = recs[:args.limit_total] if args.limit_total else recs
         for r in recs:
             inspect_task(r)
         if args.order == "small-first":  # most tasks inside a budget; the big ones are the not-run list

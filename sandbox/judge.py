@@ -19,9 +19,11 @@ from typing import Any
 from sandbox import checks, confine, share, sweep
 from sandbox.gate import Gate
 from sandbox.worker_status import describe_status
-from sandbox.wire import MARKER, Forged, StepRequest, check_reply, reported_failure
+from sandbox.wire import MARKER, RUNNER_FLAGS, Forged, StepRequest, check_reply, reported_failure
 
 _perf_counter = time.perf_counter  # captured before any answer exists anywhere near this process
+_BIG_INPUTS = 4 << 30   # inputs above this get one timing buffer instead of timing_input_sets
+_MAX_POISON = 8 << 30   # NaN-filled memory freed before a candidate call: outputs are usually <= 2x inputs
 
 
 class Lost(Exception):
@@ -126,7 +128,11 @@ class Runner:
             raise Lost("timeout", f"the {self.role} ran past the run time limit ({op})", stage) from None
         except (EOFError, OSError):
             status = self.reap()
-            raise Lost("runtime_error", f"the {self.role} process {describe_status(status)} ({op})", stage) from None
+            hint = ""
+            if status is not None and os.WIFSIGNALED(status) and os.WTERMSIG(status) == 11 and op == "call":
+                hint = "; note: the inputs it is given are read-only, and writing one in place faults"
+            raise Lost("runtime_error", f"the {self.role} process {describe_status(status)} ({op}){hint}",
+                       stage) from None
         except Forged as exc:
             raise Lost("rule_violation", f"the {self.role} sent a forged message: {exc}", stage,
                        ("forged_message",)) from None
@@ -166,7 +172,9 @@ class RunStep:
         self.req, self.gate = req, gate
         self.result: dict[str, Any] = {"stage": "correctness", "compiled": False, "wall_s": {}, "flags": []}
         self.rng = secrets.SystemRandom()   # which timed calls are checked: nothing a runner can predict
-        self.seeds = iter(range(int(req.seed) + 10_000, 1 << 62))
+        # the seeds of timed calls' inputs: unpredictable, or an answer could draw the next inputs
+        # itself outside the timed windows and answer a timed call from that
+        self.seeds = iter(lambda: secrets.randbits(62), None)
 
     def run(self) -> dict[str, Any]:
         from sandbox import protocol
@@ -192,6 +200,10 @@ class RunStep:
 
         req, wall = self.req, self.result["wall_s"]
         prep_deadline = time.monotonic() + float(req.timeout_s)
+        if req.device.startswith("cuda") and os.environ.get("CUDA_VISIBLE_DEVICES"):
+            import torch  # CUDA starts here too while the runners start theirs, before the grant
+
+            torch.empty(1, device=req.device)
         for r in (self.ref, self.cand):
             msg, _ = r.reply("ready", prep_deadline)
             if r is self.cand:  # sent before any answer code was imported there
@@ -218,7 +230,11 @@ class RunStep:
         # is gone), and one the candidate never sees: the reference's output that a check compares
         # with is computed there, on a fresh draw of the same seed (so nothing the answer changes
         # in its buffers, even after the tamper check, can reach the reference's inputs)
-        self.sets = [self._make_set(k, [self.cand, self.ref]) for k in range(max(1, int(req.input_sets)))]
+        self.sets = [self._make_set(0, [self.cand, self.ref])]
+        big = share.nbytes_of(self.sets[0]["values"]) > _BIG_INPUTS
+        # with inputs of several GiB, one buffer: the device holds it, the check set, a fresh draw
+        # and three outputs at once (addresses then repeat; values still never do)
+        self.sets += [self._make_set(k, [self.cand, self.ref]) for k in range(1, 1 if big else int(req.input_sets))]
         self.check_set = self._make_set(-1, [self.ref])
         wall["inputs"] = round(_perf_counter() - t, 3)
         t = _perf_counter()
@@ -244,6 +260,11 @@ class RunStep:
         self.result["flags"] = sorted(set(self.result["flags"]) | set(
             protocol.speedup_flags(speedup, float(req.excessive_speedup))))
         return self.result
+
+    def _spent(self, part: str, since: float) -> None:
+        """Add the seconds since ``since`` to ``wall_s["part_<part>"]``: where a held window goes."""
+        wall = self.result["wall_s"]
+        wall[f"part_{part}"] = round(wall.get(f"part_{part}", 0.0) + _perf_counter() - since, 4)
 
     def _loaded(self, r: Runner, kind: str | None) -> None:
         msg, _ = r.reply("load", self.deadline)
@@ -298,6 +319,7 @@ class RunStep:
 
         from sandbox import protocol
 
+        t = _perf_counter()
         fresh = protocol.make_inputs(self.task, seed, self.req.device)
         for i, (buf, v) in enumerate(zip(s["values"], fresh)):
             if isinstance(buf, torch.Tensor):
@@ -310,6 +332,7 @@ class RunStep:
         del fresh
         protocol.synchronize(self.req.device)
         s["seed"] = seed
+        self._spent("fill", t)
 
     def _untouched(self, s: dict[str, Any], stage: str) -> None:
         """The candidate's inputs still equal the check set's fresh draw from their seed: nothing was
@@ -326,15 +349,20 @@ class RunStep:
     def _call(self, r: Runner, k: int, poison: int, stage: str) -> tuple[Any, float, list[int]]:
         """One call of runner ``r`` on its set ``k``: (its output descriptors, not yet opened,
         seconds on the judge's clock, the descriptors' fds)."""
+        seed = (self.sets[k] if k >= 0 else self.check_set)["seed"]
         t0 = _perf_counter()
-        msg, fds = r.ask("call", self.deadline, set=k, poison=poison)
+        # the generator is seeded from the inputs' own seed before each call in both runners: a
+        # random op in the task (dropout) draws the same values in both
+        msg, fds = r.ask("call", self.deadline, set=k, poison=poison, rng=seed)
         seconds = _perf_counter() - t0
         if not msg["ok"]:
             share.release(msg.get("outputs"), fds, self.req.device)
             kind, st, error = reported_failure(msg, stage)
             if r is self.ref:
                 raise Lost("reference_error", f"reference forward: {error}", stage)
-            raise Lost(kind, error, st if st != "load" else stage)
+            flag = msg.get("flag")
+            raise Lost(kind, error, st if st != "load" else stage,
+                       (flag,) if kind == "rule_violation" and flag in RUNNER_FLAGS else ())
         if r is self.ref and isinstance(msg.get("peak_bytes"), int):
             self.result.setdefault("task_profile", {})["reference_peak_bytes"] = msg["peak_bytes"]
         return msg.get("outputs"), seconds, fds  # type: ignore[return-value]
@@ -375,17 +403,24 @@ class RunStep:
         from sandbox import protocol
 
         s = self.sets[k]
+        t = _perf_counter()
         mine = self._open(self.cand, cand[0], cand[1], k, stage)
         try:
             new = [t.clone() if hasattr(t, "clone") else t for t in mine.tensors]  # frozen at once
         finally:
             mine.close()
+        self._spent("open", t)
         # nothing the answer left running (a process of its own) runs beside the reference
         sweep.kill_marked(os.environ.get(MARKER), keep=[self.ref.pid, self.cand.pid], everything=os.getpid() == 1)
         self._fill(self.check_set, s["seed"])
+        t = _perf_counter()
         self._untouched(s, stage)
+        self._spent("untouched", t)
+        t = _perf_counter()
         descs, _, fds = self._call(self.ref, -1, 0, stage)
         theirs = self._open(self.ref, descs, fds, -1, stage)
+        self._spent("reference", t)
+        t = _perf_counter()
         try:
             import torch
 
@@ -412,6 +447,7 @@ class RunStep:
             return a, rel
         finally:
             theirs.close()
+            self._spent("compare", t)
 
     def _correctness(self) -> None:
         req = self.req
@@ -421,7 +457,8 @@ class RunStep:
             self._fill(self.sets[k], int(req.seed) + 1 + i)
             inputs_bytes = share.nbytes_of(self.sets[k]["values"])
             # candidate first: no reference output of these inputs exists anywhere yet
-            descs, _, fds = self._call(self.cand, k, max(int(req.poison_bytes), 2 * inputs_bytes), "correctness")
+            poison = max(int(req.poison_bytes), min(2 * inputs_bytes, _MAX_POISON))
+            descs, _, fds = self._call(self.cand, k, poison, "correctness")
             a, r = self._checked(k, "correctness", (descs, fds))
             worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, r)
             self.result["trials_passed"] = i + 1

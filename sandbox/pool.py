@@ -132,7 +132,10 @@ class EvalPool:
         self._ref_ms: dict[str, float] = {}
         self._live: set[asyncio.subprocess.Process] = set()
         self._gpus: list[tuple[int, str]] | None = None
-        self._free_gpus: asyncio.Queue[tuple[int, str]] | None = None
+        # one queue of one token per GPU: a run step is given its GPU when it starts (so its trusted
+        # processes start CUDA there while it prepares) and holds it alone once the token is its
+        self._gpu_gates: dict[int, asyncio.Queue[tuple[int, str]]] = {}
+        self._gpu_load: Counter[int] = Counter()   # run steps given each GPU and not yet done
         self._cpu_slots: asyncio.Queue[tuple[None, str]] | None = None
         self._torch_version: str | None = None
         self._started = time.monotonic()
@@ -233,7 +236,25 @@ class EvalPool:
                    eval_dir: Path, eval_id: str, on_gpu: bool, ref_ms: float | None) -> EvalResult:
         # a run step killed while torch held its build lock would stall every later load
         await asyncio.to_thread(_remove_stale_batons, self.cache / "builds" / bkey, 120.0)
-        gate = self._device_gate(on_gpu)
+        gpu_index = self._pick_gpu() if on_gpu else None
+        gate = self._gpu_gates[gpu_index] if gpu_index is not None else self._device_gate(False)
+        try:
+            return await self._run_on(ref_src, cand_src, backend, bkey, arch, cfg, eval_dir, eval_id, on_gpu,
+                                      ref_ms, gate, gpu_index)
+        finally:
+            if gpu_index is not None:
+                self._gpu_load[gpu_index] -= 1
+
+    def _pick_gpu(self) -> int:
+        """The GPU with the fewest run steps given to it."""
+        assert self._gpus
+        index = min((g[0] for g in self._gpus), key=lambda i: self._gpu_load[i])
+        self._gpu_load[index] += 1
+        return index
+
+    async def _run_on(self, ref_src: str, cand_src: str, backend: str, bkey: str, arch: str, cfg: EvalConfig,
+                      eval_dir: Path, eval_id: str, on_gpu: bool, ref_ms: float | None, gate: asyncio.Queue | None,
+                      gpu_index: int | None) -> EvalResult:
         drop: tuple[str, ...] = ()
         if cfg.gpu_isolation_probe and self.isolation_probe.applies(backend, on_gpu):
             drop = (await self._probe(backend, gate, arch, cfg, eval_dir)).dropped
@@ -249,7 +270,7 @@ class EvalPool:
         limit = cfg.run_timeout_s + max(30.0, cfg.run_timeout_s)
         for attempt in range(cfg.lost_worker_retries + 1):
             out = await self._step(req, "run", bkey, eval_dir / f"run{attempt}", eval_id, cfg, backend,
-                                   None, arch, limit, drop, gate)
+                                   None, arch, limit, drop, gate, visible=gpu_index)
             if out.data is not None or out.killed_for is not None:
                 break
             self._stats["lost_workers"] += 1
@@ -274,8 +295,6 @@ class EvalPool:
     def _device_gate(self, on_gpu: bool) -> asyncio.Queue | None:
         """What a run step must hold while candidate code can run: a GPU (timings are not disturbed by
         a neighbour's kernels), or with ``cpu_run_slots`` a share of the host; None: nothing."""
-        if on_gpu:
-            return self._free_gpus
         if self.cfg.cpu_run_slots is None:
             return None
         if self._cpu_slots is None:
@@ -431,7 +450,8 @@ class EvalPool:
 
     async def _step(self, req: dict[str, Any], mode: str, bkey: str, workdir: Path, eval_id: str,
                     cfg: EvalConfig, backend: str, gpu: tuple[int, str] | None, arch: str,
-                    limit_s: float, drop: tuple[str, ...] = (), gate: asyncio.Queue | None = None) -> _StepOutcome:
+                    limit_s: float, drop: tuple[str, ...] = (), gate: asyncio.Queue | None = None,
+                    visible: int | None = None) -> _StepOutcome:
         """One worker process. With a ``gate`` the worker prepares first and the device is taken only
         when it says it is ready; ``limit_s`` counts from then (and bounds the preparation too)."""
         build_dir = self.cache / "builds" / bkey
@@ -457,7 +477,8 @@ class EvalPool:
                  "PYTHONNOUSERSITE": "1", "PYTHONPATH": _PROJECT_ROOT, "TRITON_CACHE_DIR": str(build_dir / "triton"),
                  # nvidia-smi numbers GPUs in PCI order; make CUDA agree. A gated step sees none
                  # until the pool grants it one.
-                 "CUDA_VISIBLE_DEVICES": str(gpu[0]) if gpu else "", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                 "CUDA_VISIBLE_DEVICES": str(gpu[0]) if gpu else "" if visible is None else str(visible),
+                 "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
                  # glibc's per-thread cache hands small blocks back without the NaN fill of
                  # protocol.poison_host_allocations (1.5 % of small allocations read stale, measured):
                  # without it, an output the candidate never wrote reads as NaN at any size
@@ -577,9 +598,9 @@ class EvalPool:
                 caps = dict(found)
                 found = [(i, caps.get(i, "")) for i in self.cfg.gpu_ids]
             self._gpus = found
-            self._free_gpus = asyncio.Queue()
             for g in found:
-                self._free_gpus.put_nowait(g)
+                self._gpu_gates[g[0]] = asyncio.Queue()
+                self._gpu_gates[g[0]].put_nowait(g)
         return self._gpus
 
     async def _torch(self) -> str:

@@ -20,6 +20,15 @@ from sandbox.wire import StepRequest
 def run(role: str, req: StepRequest, task: Any, sock: socket.socket, confined: list[str]) -> None:
     """The runner's loop; never returns (``os._exit``)."""
     chan = share.Channel(sock)
+    if req.device.startswith("cuda") and os.environ.get("CUDA_VISIBLE_DEVICES"):
+        # the GPU this step was given: CUDA starts here while the step waits for its turn (trusted
+        # code still: the answer is imported only once the step holds the GPU)
+        try:
+            import torch
+
+            torch.empty(1, device=req.device)
+        except Exception:  # noqa: BLE001 - the load that follows reports it
+            pass
     chan.send({"ready": True, "isolation": confined})
     state: dict[str, Any] = {"inputs": {}, "held": [], "model": None}
     while True:
@@ -86,11 +95,17 @@ def _handle(role: str, req: StepRequest, task: Any, op: str, msg: dict[str, Any]
         if poison:
             protocol.poison_memory(poison, req.device)
         protocol.poison_host_allocations(bool(poison))
+        if isinstance(msg.get("rng"), int):
+            protocol.seed_everything(msg["rng"])
         with torch.no_grad():
             out = state["model"](*inputs)
             protocol.synchronize(req.device)
         outs = protocol.outputs_as_list(out, role)
         state["held"] = outs
+        alias = _aliasing(outs, inputs)
+        if alias:  # said plainly here (the judge sees it too): torch would refuse to share it anyway
+            return {"ok": False, "kind": "rule_violation", "flag": alias[0], "error": alias[1],
+                    "stage": "correctness"}, []
         descs, out_fds = share.export(outs)
         protocol.synchronize(req.device)
         reply: dict[str, Any] = {"ok": True, "outputs": descs}
@@ -98,3 +113,25 @@ def _handle(role: str, req: StepRequest, task: Any, op: str, msg: dict[str, Any]
             reply["peak_bytes"] = int(torch.cuda.max_memory_allocated())
         return reply, out_fds
     return {"ok": False, "kind": "runtime_error", "error": f"unknown op {op!r}", "stage": "correctness"}, []
+
+
+def _aliasing(outs: list[Any], inputs: list[Any]) -> tuple[str, str] | None:
+    """(flag, message) when an output shares memory with an input or with another output."""
+    import torch
+
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        start = t.untyped_storage().data_ptr()
+        return start, start + t.untyped_storage().nbytes()
+
+    ins = [span(x) for x in inputs if isinstance(x, torch.Tensor) and x.numel()]
+    seen: list[tuple[int, int]] = []
+    for i, t in enumerate(outs):
+        if not t.numel():
+            continue
+        a = span(t)
+        if any(a[0] < b[1] and b[0] < a[1] for b in ins):
+            return "output_aliases_input", f"output {i} shares memory with an input: outputs must be new tensors"
+        if any(a[0] < b[1] and b[0] < a[1] for b in seen):
+            return "output_aliases_output", f"output {i} shares memory with another output"
+        seen.append(a)
+    return None

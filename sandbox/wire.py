@@ -122,11 +122,12 @@ REPLY_KEYS = {
     "ready": {"ready", "isolation"},
     "load": {"ok", "kind", "error", "stage"},
     "inputs": {"ok", "kind", "error", "stage"},
-    "call": {"ok", "outputs", "kind", "error", "stage", "peak_bytes"},
+    "call": {"ok", "outputs", "kind", "error", "stage", "peak_bytes", "flag"},
 }
 # What a runner may report a failure as: kinds its own process can cause. Anything else reads as
 # runtime_error (a candidate must not be able to say "sandbox_error" or "reference_error").
-RUNNER_KINDS = ("load_error", "compile_error", "runtime_error", "memory_limit", "wrong_output")
+RUNNER_KINDS = ("load_error", "compile_error", "runtime_error", "memory_limit", "wrong_output", "rule_violation")
+RUNNER_FLAGS = ("output_aliases_input", "output_aliases_output")   # the flags a runner may name for itself
 RUNNER_STAGES = ("load", "compile", "correctness", "timing")
 
 # A shared tensor: {"kind": "cuda" | "memfd", "dtype", "shape", "stride", "offset"} plus, for
