@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import fcntl
 import json
+import logging
 import os
 import re
 import secrets
@@ -54,6 +55,10 @@ _OVERRIDABLE = ("correctness_trials", "seed", "warmup_runs", "timing_runs", "tim
                 "compile_timeout_s", "run_timeout_s", "memory_limit_bytes", "excessive_speedup",
                 "cpu_threads", "poison_bytes", "gpu_flush_bytes", "cpu_flush_bytes")
 _MAX_LINE = MAX_LINE_BYTES
+# what a run step should have in force; the pool names any that is missing once (reads are open
+# without landlock_read, unix sockets without seccomp, the host's processes without pidns, ...)
+_EXPECTED_MEASURES = ("landlock_fs", "landlock_read", "pidns", "netns", "seccomp", "caps_dropped", "no_new_privs")
+log = logging.getLogger("sandbox.pool")
 _KEY_BYTES = KEY_BYTES
 # Compile verdicts that depend only on the source: cached with the build.
 _CACHEABLE_FAILURES = ("compile_error", "load_error")
@@ -143,6 +148,7 @@ class EvalPool:
         self._compile_times: list[float] = []
         self._closed = False
         self._next_core = 0
+        self._said_open = False
 
     # --- public -------------------------------------------------------------------------------
 
@@ -219,7 +225,9 @@ class EvalPool:
                 res.cache_hit = bool(compiled.get("cache_hit"))
                 return res
             device_name = f"cuda:{arch}" if on_gpu else "cpu"
-            tkey = task_key(ref_src, f"{backend}:{device_name}:{cfg.timing_runs}:{cfg.cpu_threads}")
+            # "p2": times of the second protocol (the judge's clock around each call), never mixed with
+            # a persistent cache's older ones
+            tkey = task_key(ref_src, f"p2:{backend}:{device_name}:{cfg.timing_runs}:{cfg.cpu_threads}")
             ref_ms = self._ref_ms.get(tkey) or self._load_ref_ms(tkey)
             res = await self._run(ref_src, cand_src, backend, bkey, arch, cfg, eval_dir, eval_id, on_gpu, ref_ms)
             if res.timed and res.ref_runtime_ms and ref_ms is None and res.error_kind is None:
@@ -266,8 +274,8 @@ class EvalPool:
                    tolerance={k: dataclasses.asdict(v) for k, v in cfg.tolerance.items()},
                    flush_bytes=cfg.gpu_flush_bytes if on_gpu else cfg.cpu_flush_bytes,
                    poison_bytes=cfg.poison_bytes, excessive_speedup=cfg.excessive_speedup,
-                   cpu_threads=cfg.cpu_threads, ref_runtime_ms=ref_ms, timeout_s=cfg.run_timeout_s, timed=timed)
-        limit = cfg.run_timeout_s + max(30.0, cfg.run_timeout_s)
+                   cpu_threads=cfg.cpu_threads, ref_runtime_ms=ref_ms, timeout_s=_run_limit(cfg, ref_ms), timed=timed)
+        limit = req["timeout_s"] + max(30.0, req["timeout_s"])
         for attempt in range(cfg.lost_worker_retries + 1):
             out = await self._step(req, "run", bkey, eval_dir / f"run{attempt}", eval_id, cfg, backend,
                                    None, arch, limit, drop, gate, visible=gpu_index)
@@ -276,6 +284,7 @@ class EvalPool:
             self._stats["lost_workers"] += 1
         res = self._verdict(out, "run", cfg)
         res.backend, res.trials = backend, cfg.correctness_trials
+        self._say_what_is_open(res.isolation)
         gpu = out.device
         res.device = f"cuda:{gpu[0]} (sm {gpu[1]})" if on_gpu and gpu else "cpu"
         if out.held_s is not None:
@@ -283,6 +292,17 @@ class EvalPool:
         if not timed:
             res.timed, res.speedup, res.new_runtime_ms, res.ref_runtime_ms = False, None, None, None
         return res
+
+    def _say_what_is_open(self, applied: list[str]) -> None:
+        """Once per pool and backend kind: one line naming the confinement this host could not give
+        (reads readable, sockets reachable, ...), so a user sees it at the start of a run."""
+        if not applied or self._said_open:
+            return
+        missing = [m for m in _EXPECTED_MEASURES if m not in applied]
+        self._said_open = True
+        if missing:
+            log.warning("sandbox: this host runs answers without %s; docs/sandbox.md 'Where the OS cannot "
+                        "confine' says what that leaves open", ", ".join(missing))
 
     def _cpu_set(self, cfg: EvalConfig) -> list[int]:
         """The cores one step may run on (in turn over the machine's): affinity, not advice."""
@@ -654,6 +674,16 @@ async def _write_raw(proc: asyncio.subprocess.Process, data: bytes, close: bool)
     await proc.stdin.drain()
     if close:
         proc.stdin.close()
+
+
+def _run_limit(cfg: EvalConfig, ref_ms: float | None) -> float:
+    """The run step's time limit, sized from the task once its reference time is known: the
+    configured limit, plus ten times the calls of a step at the reference's speed (a task whose
+    forward takes a second must not time out where a millisecond one would not)."""
+    if not ref_ms:
+        return float(cfg.run_timeout_s)
+    calls = 2 * cfg.correctness_trials + cfg.warmup_runs + cfg.timing_runs * (1 + 2 * cfg.checked_share) + 2
+    return float(cfg.run_timeout_s) + 10.0 * calls * ref_ms / 1000.0
 
 
 def _over_quota(build_dir: Path, cfg: EvalConfig) -> str | None:

@@ -146,3 +146,17 @@ async def test_malformed_output_descriptors_are_forged(bad, sandbox_cfg):
     src = forward("f = os.memfd_create('x')\nos.ftruncate(f, 4)\n" + channel_send(bad, "[f]") + "os._exit(0)\n")
     res = await _evaluate(sandbox_cfg, src)
     assert not res.correct and res.error_kind == "rule_violation" and "forged_message" in res.flags, res
+
+
+async def test_a_host_that_cannot_confine_says_so_in_one_line(sandbox_cfg, caplog):
+    import dataclasses
+    import logging
+
+    cfg = dataclasses.replace(sandbox_cfg, restrict_writes=False, pid_namespace=False)
+    with caplog.at_level(logging.WARNING, logger="sandbox.pool"):
+        async with EvalPool(cfg) as pool:
+            for _ in range(2):
+                res = await pool.evaluate(RELU, CORRECT, "cpu")
+                assert res.correct, res
+    lines = [r.getMessage() for r in caplog.records if "runs answers without" in r.getMessage()]
+    assert len(lines) == 1 and "landlock_read" in lines[0] and "pidns" in lines[0], lines
