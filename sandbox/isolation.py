@@ -169,6 +169,40 @@ def mount_private_proc(keep: tuple[str, ...] = KEPT_PROC_PATHS) -> list[str]:
             os.close(fd)
 
 
+_MS_RDONLY, _MS_REMOUNT = 1, 32
+
+
+def readonly_proc_sys() -> list[str]:
+    """/proc/sys read-only in this mount namespace (``proc_sys_ro``): sysctls are the host's (most
+    are not namespaced), and uid 0 without capabilities still owns them (core_pattern would run a
+    program of the writer's choosing as root at the host's next core dump). Call after
+    mount_private_proc, before Landlock."""
+    if _MNTNS_BEFORE is None or _mntns() in (None, _MNTNS_BEFORE) or not os.path.isdir("/proc/sys"):
+        return []
+    if _libc.mount(b"/proc/sys", b"/proc/sys", None, ctypes.c_ulong(_MS_BIND | _MS_REC), None) != 0:
+        return []
+    flags = _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    return ["proc_sys_ro"] if _libc.mount(None, b"/proc/sys", None, ctypes.c_ulong(flags), None) == 0 else []
+
+
+def mount_overlay(path: str, scratch: str) -> list[str]:
+    """An overlay over the directory ``path`` at the same place (``build_dir_overlay``): reads see
+    it, writes land in ``scratch`` (upper and work dirs made there), which goes with the step. A run
+    step's build dir is the cache's, shared by every later evaluation of the answer: nothing a
+    candidate writes there may stay. Same place in the order as :func:`mount_private_shm`."""
+    if _MNTNS_BEFORE is None or _mntns() in (None, _MNTNS_BEFORE) or not os.path.isdir(path):
+        return []
+    upper, work = os.path.join(scratch, "upper"), os.path.join(scratch, "work")
+    try:
+        os.makedirs(upper, exist_ok=True)
+        os.makedirs(work, exist_ok=True)
+    except OSError:
+        return []
+    opts = f"lowerdir={path},upperdir={upper},workdir={work}".encode()
+    ok = _libc.mount(b"overlay", path.encode(), b"overlay", ctypes.c_ulong(_MS_NOSUID | _MS_NODEV), opts) == 0
+    return ["build_dir_overlay"] if ok else []
+
+
 def _mount_tmpfs(path: str, options: str) -> bool:
     """A tmpfs on ``path``, only in a mount namespace unshare_namespaces made, with propagation
     made private first so that the mount never reaches the host's namespace."""

@@ -70,15 +70,18 @@ def _probe_step(req: StepRequest) -> dict[str, Any]:
 def _compile_step(req: StepRequest) -> dict[str, Any]:
     from sandbox import build, protocol
 
+    # the answer's code runs in this process: a runner's measures first (no capabilities, seccomp,
+    # writes to its own /proc/<pid>/task only), on top of the judge's layer
+    applied = confine.confine_runner(req, req.workdir)
     wanted: list[list[str]] = []
     build.install_build_hooks(req.build_dir, req.pch_root, wanted, req.narrow_header_dir)
     t = time.perf_counter()
     try:
         protocol.build_candidate(req.candidate_src, req.workdir)
     except protocol.StepError as exc:
-        return {"stage": exc.stage, "error_kind": exc.kind, "error": exc.message,
+        return {"stage": exc.stage, "error_kind": exc.kind, "error": exc.message, "isolation": applied,
                 "wall_s": {"compile": round(time.perf_counter() - t, 3)}}
-    return {"stage": "compile", "compiled": True, "pch_wanted": wanted,
+    return {"stage": "compile", "compiled": True, "pch_wanted": wanted, "isolation": applied,
             "wall_s": {"compile": round(time.perf_counter() - t, 3)}}
 
 
@@ -101,7 +104,9 @@ class Runner:
                 keep = theirs.fileno()
                 os.closerange(3, keep)
                 os.closerange(keep + 1, 1 << 16)
-                workdir = str(Path(req.workdir) / role)
+                # inside the step's quota where it could be mounted (sandbox/worker.py)
+                scratch = Path(req.workdir) / "scratch"
+                workdir = str((scratch if scratch.is_dir() else Path(req.workdir)) / role)
                 os.makedirs(workdir, exist_ok=True)
                 os.chdir(workdir)
                 os.environ.update(HOME=workdir, TMPDIR=workdir)  # the only place it may write

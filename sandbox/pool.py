@@ -488,7 +488,8 @@ class EvalPool:
                           processes=cfg.max_processes, cpu_s=cfg.cpu_time_limit_s,
                           file_size_bytes=cfg.max_file_size_bytes),
             isolation=Isolation(network=cfg.block_network, writes=cfg.restrict_writes, pids=cfg.pid_namespace,
-                                drop=list(drop), shm_bytes=cfg.shm_bytes, cpus=self._cpu_set(cfg)),
+                                drop=list(drop), shm_bytes=cfg.shm_bytes, cpus=self._cpu_set(cfg),
+                                dir_bytes=cfg.max_build_dir_bytes, dir_files=cfg.max_build_dir_files),
             gated=gate is not None)
         marker = f"{eval_id}-{mode}-{uuid.uuid4().hex[:6]}"
         extra = {"HOME": str(workdir), "TMPDIR": str(workdir / "tmp"), "TORCH_EXTENSIONS_DIR": str(build_dir),

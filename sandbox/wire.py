@@ -37,6 +37,8 @@ class Isolation:
     drop: list[str] = field(default_factory=list)   # measures the trusted GPU probe found to break the device
     shm_bytes: int = 0             # size of the private /dev/shm (0: leave /dev/shm as it is)
     cpus: list[int] = field(default_factory=list)   # the CPU set of the step (empty: leave it)
+    dir_bytes: int = 0             # quota of the runners' scratch (their work dirs, the build dir's overlay)
+    dir_files: int = 0
 
 
 @dataclass

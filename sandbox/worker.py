@@ -64,8 +64,15 @@ def main() -> int:
         # Mounting must precede Landlock (a Landlock domain may not mount).
         # never a PID namespace with the host's /proc: its pid 1 would see every host process
         inner = isolation.mount_private_proc() if {"pidns", "mountns"} <= set(namespaces) else []
-        if "mountns" in namespaces and iso.shm_bytes:
-            inner += isolation.mount_private_shm(iso.shm_bytes, 4096)
+        if "mountns" in namespaces:
+            inner += isolation.readonly_proc_sys()
+            if iso.shm_bytes:
+                inner += isolation.mount_private_shm(iso.shm_bytes, 4096)
+            if req.mode == "run":  # everything a runner writes is bounded and goes with the step
+                scratch = os.path.join(req.workdir, "scratch")
+                os.makedirs(scratch, exist_ok=True)
+                inner += isolation.mount_quota_dir(scratch, iso.dir_bytes, iso.dir_files) if iso.dir_bytes else []
+                inner += isolation.mount_overlay(req.build_dir, os.path.join(scratch, "build"))
         # a run step's runners add their own, narrower layer after the fork (sandbox/confine.py)
         inner += confine.confine_judge(req, scope=req.mode != "run")
         _write_all(conf_w, json.dumps(inner).encode())
