@@ -75,8 +75,6 @@ def nbytes(x: Any) -> int:
 def inspect_task(rec: dict[str, Any]) -> None:
     """Load check, then the input/output footprint on the meta device (no memory, no time): which
     tasks would draw gigabytes on the host before the sandbox moves them to the GPU."""
-    import torch
-
     try:
         src = Path(rec["path"]).read_text()
         mod = types.ModuleType(f"kb_{rec['level']}_{rec['number']}")
@@ -89,14 +87,14 @@ def inspect_task(rec: dict[str, Any]) -> None:
         rec.update(verdict="load_failed", error=f"{type(exc).__name__}: {exc}"[:200])
         return
     try:
-        with torch.device("meta"):
-            inputs = mod.get_inputs()
-            rec["input_bytes"] = nbytes(inputs)
-            model = mod.Model(*mod.get_init_inputs())
-            if isinstance(model, torch.nn.Module):  # weights are drawn on the host too (4 GB for L2/59)
-                rec["param_bytes"] = nbytes([*model.parameters(), *model.buffers()])
-            with torch.no_grad():
-                rec["output_bytes"] = nbytes(model(*inputs))
+        from sandbox.footprint import measure
+
+        fp = measure(src, rec["path"])
+        rec.update(input_bytes=fp.input_bytes, param_bytes=fp.param_bytes)
+        if fp.output_bytes is None:
+            rec["footprint_error"] = "the forward has no meta kernel"
+        else:
+            rec["output_bytes"] = fp.output_bytes
     except Exception as exc:  # noqa: BLE001 - e.g. an op without a meta kernel: footprint unknown
         rec["footprint_error"] = f"{type(exc).__name__}: {exc}"[:200]
 

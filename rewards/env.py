@@ -26,7 +26,7 @@ from rewards.prompts import build_messages
 from rewards.rules import RuleSettings, Violation, check_rules
 from rewards.score import score_result
 from rewards.scrub import Scrubber, default_scrubber
-from rewards.tasks import Task, load_builtin, load_kernelbench, split
+from rewards.tasks import Task, TaskError, load_builtin, load_kernelbench, split
 from sandbox.flags import DISALLOWED_MESSAGE
 from sandbox.result import EvalResult
 
@@ -51,6 +51,8 @@ class KernelEnv:
             all_tasks = load_kernelbench(cfg.tasks, levels, profile=cfg.profile, skip_invalid=cfg.skip_invalid_tasks)
         if not all_tasks:
             raise ValueError(f"reward.tasks={cfg.tasks!r} levels={levels}: no tasks found")
+        if self.backend in ("cuda", "triton"):
+            all_tasks = _fitting(all_tasks, cfg.skip_invalid_tasks)
         train, holdout = split(all_tasks, cfg.holdout_frac, cfg.split_seed)
         if cfg.max_tasks is not None:
             train, holdout = train[:cfg.max_tasks], holdout[:cfg.max_tasks]
@@ -175,3 +177,27 @@ def _runtime_violation(result: EvalResult) -> EvalResult:
         flags = list(dict.fromkeys([*result.flags, "disallowed_build_argument"]))
         return dataclasses.replace(result, error_kind="rule_violation", compiled=False, correct=False, flags=flags)
     return result
+
+
+def _fitting(tasks: list[Task], skip_invalid: bool) -> list[Task]:
+    """The tasks that can fit the smallest visible GPU at all (sandbox.footprint); one that cannot
+    is a TaskError naming it and the bytes (or, with ``skip_invalid_tasks``, a warning)."""
+    from sandbox import footprint
+
+    memory = footprint.device_memory_bytes()
+    if not memory:
+        return tasks
+    kept = []
+    for task in tasks:
+        try:
+            why = footprint.too_big(footprint.measure(task.source, task.path), min(memory))
+        except Exception:  # noqa: BLE001 - a task meta cannot run: its check happens in the sandbox
+            why = None
+        if why is None:
+            kept.append(task)
+            continue
+        err = TaskError(f"{task.id} ({task.path}): {why}")
+        if not skip_invalid:
+            raise err
+        log.warning("skipping task: %s", err)
+    return kept

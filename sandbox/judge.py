@@ -1,8 +1,9 @@
 """The judge: the trusted process of one step (PID 1 of the step's PID namespace where allowed).
 
-In a run step it makes every input on the evaluation's device, owns the clock, drives the two
-runners (sandbox/runner.py) call by call, checks inputs for tampering and outputs for aliasing,
-compares, and writes the verdict (docs/sandbox.md, "The evaluation protocol"). It never runs
+In a run step (sandbox/run_step.py) it makes every input on the evaluation's device, owns the
+clock, drives the two runners (sandbox/runner.py, through :class:`Runner` here) call by call,
+checks inputs for tampering and outputs for aliasing, compares, and writes the verdict
+(docs/sandbox.md, "The evaluation protocol"). It never runs
 ``Model`` or ``ModelNew`` code itself, so nothing an answer patches in its own process reaches
 the judge's inputs, clocks, comparisons or verdict. In a compile step it imports the answer (so
 ``load_inline`` builds); in a probe step it runs the pool's own probe under a runner's confinement.
@@ -10,20 +11,17 @@ the judge's inputs, clocks, comparisons or verdict. In a compile step it imports
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 import time
 from pathlib import Path
 from typing import Any
 
-from sandbox import checks, confine, share, sweep
+from sandbox import confine, share
 from sandbox.gate import Gate
 from sandbox.worker_status import describe_status
-from sandbox.wire import MARKER, RUNNER_FLAGS, Forged, StepRequest, check_reply, reported_failure
+from sandbox.wire import Forged, StepRequest, check_reply
 
 _perf_counter = time.perf_counter  # captured before any answer exists anywhere near this process
-_BIG_INPUTS = 4 << 30   # inputs above this get one timing buffer instead of timing_input_sets
-_MAX_POISON = 8 << 30   # NaN-filled memory freed before a candidate call: outputs are usually <= 2x inputs
 
 
 class Lost(Exception):
@@ -50,6 +48,8 @@ def harness(req: StepRequest, gate: Gate | None) -> dict[str, Any]:
     try:
         if req.mode == "compile":
             return {**base, **_compile_step(req)}
+        from sandbox.run_step import RunStep
+
         return {**base, **RunStep(req, gate).run()}
     except protocol.StepError as exc:
         return {**base, "stage": exc.stage, "error_kind": exc.kind, "error": exc.message}
@@ -168,343 +168,3 @@ class Runner:
             return os.waitpid(self.pid, 0)[1]
         except ChildProcessError:
             return None
-
-
-class RunStep:
-    """Correctness and timing of one answer (docs/sandbox.md, "One run step")."""
-
-    def __init__(self, req: StepRequest, gate: Gate | None):
-        self.req, self.gate = req, gate
-        self.result: dict[str, Any] = {"stage": "correctness", "compiled": False, "wall_s": {}, "flags": []}
-        self.rng = secrets.SystemRandom()   # which timed calls are checked: nothing a runner can predict
-        # the seeds of timed calls' inputs: unpredictable, or an answer could draw the next inputs
-        # itself outside the timed windows and answer a timed call from that
-        self.seeds = iter(lambda: secrets.randbits(62), None)
-
-    def run(self) -> dict[str, Any]:
-        from sandbox import protocol
-
-        req = self.req
-        self.task = protocol.load_task(req.task_src, req.workdir)
-        # both runners before CUDA starts here: a fork after CUDA init breaks CUDA in the child
-        self.ref = Runner.fork("reference", req, self.task)
-        self.cand = Runner.fork("candidate", req, self.task)
-        try:
-            return self._run()
-        except Lost as lost:
-            self.result.update(correct=False, error_kind=lost.kind, error=lost.message, stage=lost.stage)
-            self.result["flags"] = sorted(set(self.result["flags"] + lost.flags))
-            return self.result
-        finally:
-            self.cand.kill()
-            self.ref.kill()
-            sweep.kill_marked(os.environ.get(MARKER), everything=os.getpid() == 1)
-
-    def _run(self) -> dict[str, Any]:
-        from sandbox import protocol
-
-        req, wall = self.req, self.result["wall_s"]
-        prep_deadline = time.monotonic() + float(req.timeout_s)
-        if req.device.startswith("cuda") and os.environ.get("CUDA_VISIBLE_DEVICES"):
-            import torch  # CUDA starts here too while the runners start theirs, before the grant
-
-            torch.empty(1, device=req.device)
-        for r in (self.ref, self.cand):
-            msg, _ = r.reply("ready", prep_deadline)
-            if r is self.cand:  # sent before any answer code was imported there
-                reported = msg.get("isolation")
-                self.result["candidate_isolation"] = [m for m in reported if isinstance(m, str)] \
-                    if isinstance(reported, list) else []
-        device = None
-        if self.gate is not None:
-            waited, device = self.gate.wait()
-            wall["device_wait"] = round(waited, 3)
-        if device is not None and req.device.startswith("cuda"):
-            os.environ["CUDA_VISIBLE_DEVICES"] = str(device)
-        self.deadline = time.monotonic() + float(req.timeout_s)
-        t = _perf_counter()
-        for r in (self.ref, self.cand):  # both load at once: CUDA starts in each
-            r._refuse_unasked()
-            r.chan.send({"op": "load", "device": device})
-        self._loaded(self.ref, "reference_error")
-        self._loaded(self.cand, None)
-        self.result["compiled"] = True
-        wall["load"] = round(_perf_counter() - t, 3)
-        t = _perf_counter()
-        # the candidate's buffers (the reference maps them too, and uses them only once the candidate
-        # is gone), and one the candidate never sees: the reference's output that a check compares
-        # with is computed there, on a fresh draw of the same seed (so nothing the answer changes
-        # in its buffers, even after the tamper check, can reach the reference's inputs)
-        self.sets = [self._make_set(0, [self.cand, self.ref])]
-        big = share.nbytes_of(self.sets[0]["values"]) > _BIG_INPUTS
-        # with inputs of several GiB, one buffer: the device holds it, the check set, a fresh draw
-        # and three outputs at once (addresses then repeat; values still never do)
-        self.sets += [self._make_set(k, [self.cand, self.ref]) for k in range(1, 1 if big else int(req.input_sets))]
-        self.check_set = self._make_set(-1, [self.ref])
-        wall["inputs"] = round(_perf_counter() - t, 3)
-        t = _perf_counter()
-        self._correctness()
-        wall["correctness"] = round(_perf_counter() - t, 3)
-        if not req.timed:
-            self.result["stage"] = "done"
-            return self.result
-        self.result["stage"] = "timing"
-        t = _perf_counter()
-        new_ms, spread = self._time(self.cand, check=True)
-        wall["timing"] = round(_perf_counter() - t, 3)
-        ref_ms = req.ref_runtime_ms
-        if ref_ms is None:
-            self.cand.kill()  # nothing of the answer runs while the reference (cached per task) is timed
-            sweep.kill_marked(os.environ.get(MARKER), keep=[self.ref.pid], everything=os.getpid() == 1)
-            t = _perf_counter()
-            ref_ms, self.result["ref_runtime_spread"] = self._time(self.ref, check=False)
-            wall["ref_timing"] = round(_perf_counter() - t, 3)
-        speedup = ref_ms / new_ms if new_ms > 0 else float("inf")
-        self.result.update(stage="done", timed=True, new_runtime_ms=new_ms, ref_runtime_ms=ref_ms,
-                           new_runtime_spread=spread, speedup=speedup)
-        self.result["flags"] = sorted(set(self.result["flags"]) | set(
-            protocol.speedup_flags(speedup, float(req.excessive_speedup))))
-        return self.result
-
-    def _spent(self, part: str, since: float) -> None:
-        """Add the seconds since ``since`` to ``wall_s["part_<part>"]``: where a held window goes."""
-        wall = self.result["wall_s"]
-        wall[f"part_{part}"] = round(wall.get(f"part_{part}", 0.0) + _perf_counter() - since, 4)
-
-    def _loaded(self, r: Runner, kind: str | None) -> None:
-        msg, _ = r.reply("load", self.deadline)
-        if not msg["ok"]:
-            k, stage, error = reported_failure(msg, "load")
-            if kind is not None:  # the reference's own failure: the task's fault, never the answer's
-                raise Lost(kind, f"reference: {error}", "load")
-            raise Lost(k, error, stage)
-
-    # --- inputs -------------------------------------------------------------------------------
-
-    def _make_set(self, k: int, runners: list[Runner]) -> dict[str, Any]:
-        """One input buffer set, drawn on the device and shared with ``runners``."""
-        from sandbox import protocol
-
-        req = self.req
-        try:
-            values = protocol.make_inputs(self.task, int(req.seed) + 1, req.device)
-        except Exception as exc:  # noqa: BLE001
-            raise Lost("reference_error", f"get_inputs(): {protocol.describe_exception(exc)}", "correctness")
-        keep, fds = [], []
-        if req.device == "cpu":
-            import torch
-
-            bufs, descs = [], []
-            for v in values:
-                if isinstance(v, torch.Tensor):
-                    buf, fd, m = share.shared_cpu_buffer(v)
-                    keep.append(m)
-                    fds.append(fd)
-                    bufs.append(buf)
-                    descs.append(share.input_descriptor(buf, len(fds) - 1))
-                else:
-                    bufs.append(v)
-                    descs.append(share.export([v])[0][0])
-        else:
-            bufs = values
-            descs, fds = share.export(bufs)
-        regions = share.regions_of(descs, fds)
-        for r in runners:
-            msg, _ = r.ask("inputs", self.deadline, fds=fds, set=k, tensors=descs)
-            if not msg["ok"]:
-                kind, stage, error = reported_failure(msg, "correctness")
-                raise Lost("reference_error" if r is self.ref else kind, f"{r.role} inputs: {error}", stage)
-        for fd in fds:
-            os.close(fd)
-        return {"id": k, "values": bufs, "regions": regions, "keep": keep, "seed": None}
-
-    def _fill(self, s: dict[str, Any], seed: int) -> None:
-        """New values in the buffers of set ``s``, drawn from ``seed`` (outside any timed window)."""
-        import torch
-
-        from sandbox import protocol
-
-        t = _perf_counter()
-        fresh = protocol.make_inputs(self.task, seed, self.req.device)
-        for i, (buf, v) in enumerate(zip(s["values"], fresh)):
-            if isinstance(buf, torch.Tensor):
-                if not isinstance(v, torch.Tensor) or v.shape != buf.shape or v.dtype != buf.dtype:
-                    raise Lost("reference_error", f"get_inputs() input {i} changes shape or type between seeds",
-                               "correctness")
-                buf.copy_(v)
-            elif buf != v:
-                raise Lost("reference_error", f"get_inputs() input {i} changes value between seeds", "correctness")
-        del fresh
-        protocol.synchronize(self.req.device)
-        s["seed"] = seed
-        self._spent("fill", t)
-
-    def _untouched(self, s: dict[str, Any], stage: str) -> None:
-        """The candidate's inputs still equal the check set's fresh draw from their seed: nothing was
-        changed in place."""
-        import torch
-
-        for i, (buf, p) in enumerate(zip(s["values"], self.check_set["values"])):
-            if isinstance(buf, torch.Tensor) and not checks.same(buf, p):
-                raise Lost("rule_violation", f"input {i} was modified in place by the candidate", stage,
-                           ("input_modified",))
-
-    # --- calls --------------------------------------------------------------------------------
-
-    def _call(self, r: Runner, k: int, poison: int, stage: str) -> tuple[Any, float, list[int]]:
-        """One call of runner ``r`` on its set ``k``: (its output descriptors, not yet opened,
-        seconds on the judge's clock, the descriptors' fds)."""
-        seed = (self.sets[k] if k >= 0 else self.check_set)["seed"]
-        t0 = _perf_counter()
-        # the generator is seeded from the inputs' own seed before each call in both runners: a
-        # random op in the task (dropout) draws the same values in both
-        msg, fds = r.ask("call", self.deadline, set=k, poison=poison, rng=seed)
-        seconds = _perf_counter() - t0
-        if not msg["ok"]:
-            share.release(msg.get("outputs"), fds, self.req.device)
-            kind, st, error = reported_failure(msg, stage)
-            if r is self.ref:
-                raise Lost("reference_error", f"reference forward: {error}", stage)
-            flag = msg.get("flag")
-            raise Lost(kind, error, st if st != "load" else stage,
-                       (flag,) if kind == "rule_violation" and flag in RUNNER_FLAGS else ())
-        if r is self.ref and isinstance(msg.get("peak_bytes"), int):
-            self.result.setdefault("task_profile", {})["reference_peak_bytes"] = msg["peak_bytes"]
-        return msg.get("outputs"), seconds, fds  # type: ignore[return-value]
-
-    def _open(self, r: Runner, descs: Any, fds: list[int], k: int, stage: str) -> share.Imported:
-        """Map a runner's outputs after checking that none aliases an input or another output."""
-        try:
-            regions = share.regions_of(descs if isinstance(descs, list) else [], fds)
-            if r is self.cand:
-                for i, a in enumerate(regions):
-                    for s in self.sets:
-                        if any(share.overlaps(a, b) for b in s["regions"]):
-                            raise Lost("rule_violation", f"output {i} shares memory with an input", stage,
-                                       ("output_aliases_input",))
-                    if any(share.overlaps(a, b) for b in regions[:i]):
-                        raise Lost("rule_violation", f"output {i} shares memory with another output", stage,
-                                   ("output_aliases_output",))
-            return share.import_all(descs, fds, self.req.device)
-        except Forged as exc:
-            share._close_all(fds)
-            if r is self.ref:
-                raise Lost("sandbox_error", f"reference outputs unreadable: {exc}", stage) from None
-            raise Lost("rule_violation", f"the candidate's outputs were forged: {exc}", stage,
-                       ("forged_message",)) from None
-        except Lost:
-            share._close_all(fds)
-            raise
-        except Exception as exc:  # noqa: BLE001 - a handle that does not open, a wrong device
-            from sandbox import protocol
-
-            share._close_all(fds)
-            raise Lost("runtime_error" if r is self.cand else "sandbox_error",
-                       f"{r.role} outputs could not be opened: {protocol.describe_exception(exc, 300)}", stage) from None
-
-    def _checked(self, k: int, stage: str, cand: tuple[Any, list[int]]) -> tuple[float, float]:
-        """The candidate's outputs of the call just made on set ``k`` against the reference's on a
-        fresh draw of the same seed; raises on any mismatch. Returns (max abs, max rel) error."""
-        from sandbox import protocol
-
-        s = self.sets[k]
-        t = _perf_counter()
-        mine = self._open(self.cand, cand[0], cand[1], k, stage)
-        try:
-            new = [t.clone() if hasattr(t, "clone") else t for t in mine.tensors]  # frozen at once
-        finally:
-            mine.close()
-        self._spent("open", t)
-        # nothing the answer left running (a process of its own) runs beside the reference
-        sweep.kill_marked(os.environ.get(MARKER), keep=[self.ref.pid, self.cand.pid], everything=os.getpid() == 1)
-        self._fill(self.check_set, s["seed"])
-        t = _perf_counter()
-        self._untouched(s, stage)
-        self._spent("untouched", t)
-        t = _perf_counter()
-        descs, _, fds = self._call(self.ref, -1, 0, stage)
-        theirs = self._open(self.ref, descs, fds, -1, stage)
-        self._spent("reference", t)
-        t = _perf_counter()
-        try:
-            import torch
-
-            if not all(isinstance(x, torch.Tensor) for x in new):
-                raise Lost("wrong_output", "candidate output is not a tensor", stage)
-            bad, a, rel = protocol.compare_with_errors(new, theirs.tensors, self.req.tolerance)
-            if bad is None and stage == "correctness" and "strict_check" not in self.result:
-                passing = checks.degenerate(theirs.tensors, self.check_set["values"], self.req.tolerance)
-                self.result["strict_check"] = passing
-                if passing:
-                    self.result["flags"] = sorted(set(self.result["flags"]) | {"degenerate_check"})
-            if bad is not None:
-                if stage == "timing":
-                    raise Lost("rule_violation", f"a timed call's output differs from the reference on the same "
-                               f"inputs (a cached, constant or stale answer?): {bad.message}", stage, ("stale_output",))
-                self.result.update(which_output=bad.which_output, max_abs_err=bad.max_abs_err,
-                                   max_rel_err=bad.max_rel_err)
-                raise Lost("wrong_output", f"trial {self.result.get('trials_passed', 0)}: {bad.message}", stage)
-            if self.result.get("strict_check"):
-                err = checks.relative_floor(new, theirs.tensors, self.req.tolerance, self.result["strict_check"])
-                if err:
-                    raise Lost("wrong_output" if stage == "correctness" else "rule_violation", err, stage,
-                               () if stage == "correctness" else ("stale_output",))
-            return a, rel
-        finally:
-            theirs.close()
-            self._spent("compare", t)
-
-    def _correctness(self) -> None:
-        req = self.req
-        worst_abs = worst_rel = 0.0
-        for i in range(int(req.trials)):
-            k = i % len(self.sets)
-            self._fill(self.sets[k], int(req.seed) + 1 + i)
-            inputs_bytes = share.nbytes_of(self.sets[k]["values"])
-            # candidate first: no reference output of these inputs exists anywhere yet
-            poison = max(int(req.poison_bytes), min(2 * inputs_bytes, _MAX_POISON))
-            descs, _, fds = self._call(self.cand, k, poison, "correctness")
-            a, r = self._checked(k, "correctness", (descs, fds))
-            worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, r)
-            self.result["trials_passed"] = i + 1
-        self.result.update(correct=True, max_abs_err=worst_abs, max_rel_err=worst_rel)
-
-    def _time(self, r: Runner, check: bool) -> tuple[float, float]:
-        """Median milliseconds of ``runs`` calls timed here (after ``warmup`` calls), each on values
-        never seen before, the cache flushed; with ``check``, some calls chosen at random are checked.
-        Returns (median, relative spread: interquartile range over the median)."""
-        import statistics
-
-        import torch
-
-        from sandbox import protocol
-
-        req = self.req
-        warmup, runs, n = int(req.warmup), int(req.runs), len(self.sets)
-        checked = set()
-        if check:
-            for k in range(n):  # at least one per input set, then about checked_share of the rest
-                own = [i for i in range(runs) if i % n == k]
-                if own:
-                    checked.add(self.rng.choice(own))
-            checked |= {i for i in range(runs) if self.rng.random() < float(req.checked_share)}
-        flush = torch.empty(max(int(req.flush_bytes), 1), dtype=torch.uint8, device=req.device) \
-            if int(req.flush_bytes) > 0 else None
-        times = []
-        for j in range(warmup + runs):
-            i = j - warmup
-            k = j % n
-            self._fill(self.sets[k], next(self.seeds))
-            if flush is not None:
-                flush.zero_()
-            protocol.synchronize(req.device)
-            descs, seconds, fds = self._call(r, k, 0, "timing")
-            if i >= 0:
-                times.append(seconds * 1000.0)
-            if i in checked:
-                self._checked(k, "timing", (descs, fds))
-            else:
-                share.release(descs, fds, req.device)
-        median = float(statistics.median(times))
-        q = statistics.quantiles(times, n=4) if len(times) >= 2 else [median, median, median]
-        return median, (q[2] - q[0]) / median if median > 0 else 0.0

@@ -57,8 +57,9 @@ TASKS = {
                          "def get_inputs():\n    return [torch.randn(1024, 1024)]\n\n\n"
                          "def get_init_inputs():\n    return []\n",
 }
-# its own reference timing (cached per task source): an answer that tries to slow the reference
+# their own reference timings (cached per task source): answers that try to slow the reference
 TASKS["matmul_burn"] = TASKS["matmul"] + "\n# red team: its own reference timing\n"
+TASKS["matmul_sweep"] = TASKS["matmul"] + "\n# red team: its own reference timing (2)\n"
 
 _MODEL = "import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
 CORRECT = {
@@ -67,10 +68,11 @@ CORRECT = {
     "tiny": _MODEL + "    def forward(self, x):\n        return x * 1e-6\n",
     "copy": _MODEL + "    def forward(self, x):\n        return x.clone()\n",
 }
-CORRECT["matmul_burn"] = CORRECT["matmul"]
-_ARGS = {"relu": "x", "tiny": "x", "copy": "x", "matmul": "a, b", "matmul_burn": "a, b"}
+CORRECT["matmul_burn"] = CORRECT["matmul_sweep"] = CORRECT["matmul"]
+_ARGS = {"relu": "x", "tiny": "x", "copy": "x", "matmul": "a, b", "matmul_burn": "a, b",
+         "matmul_sweep": "a, b"}
 _HONEST = {"relu": "x.clamp_min(0.0)", "tiny": "x * 1e-6", "copy": "x.clone()", "matmul": "torch.matmul(a, b)",
-           "matmul_burn": "torch.matmul(a, b)"}
+           "matmul_burn": "torch.matmul(a, b)", "matmul_sweep": "torch.matmul(a, b)"}
 
 # --- answer building blocks -----------------------------------------------------------------------
 
@@ -270,6 +272,7 @@ class Answer(NamedTuple):
     host_check: str | None = None         # a host-side check after it: listener | marker | shm | workdir
     follow_max_speedup: float | None = None   # the correct answer after it may not score above this
     hole: str | None = None               # a hole this answer shows today: the test is xfail(strict)
+    note: str | None = None               # what it found before the sandbox closed it (history)
     on: dict[str, tuple[str, str | None]] = {}   # other backends' (expected, flag) where they differ
     overrides: dict[str, Any] = {}        # per-call EvalPool.evaluate overrides
 
@@ -278,35 +281,47 @@ class Answer(NamedTuple):
             (self.expected, self.flag)
 
 
-# What the compile-step probes show (hole 1): a compile step imports the answer in the judge, which
+# Found by this red team on HEAD b874db4 (2026-12-04) and closed since in the working tree (the
+# compile step now applies confine_runner, /proc/sys is read-only, the run step's build dir is an
+# overlay that goes with the step): kept as notes, the answers now assert the closed state.
+# What the compile-step probes showed: a compile step imports the answer in the judge, which
 # holds every capability root has, no seccomp filter, and Landlock write access to every existing
 # /proc file (sandbox/judge.py _compile_step; sandbox/confine.py confine_judge(scope=True) applies
 # only Landlock with proc_dir="/proc"; drop_privileges and install_filter run in confine_runner alone).
 COMPILE_STEP_HOLE = (
-    "a compile step (any answer whose text contains 'load_inline' or 'cpp_extension', even in a comment: "
+    "(closed) a compile step (any answer whose text contains 'load_inline' or 'cpp_extension', even in a comment: "
     "pool._needs_compile_step) imports the answer in the judge process, which confine_judge leaves with every "
     "capability (CapEff 000001fffeffffff here), no seccomp filter and Landlock write access to every existing "
     "/proc file: /proc/sys/kernel/core_pattern opens for writing (root code execution on the host at the next "
     "core dump), and SCHED_FIFO, sched_setaffinity to every CPU, raising RLIMIT_AS, mknod in its work dir, "
     "bpf() all succeed")
 BUILD_DIR_HOLE = (
-    "a run step's candidate may write its build dir (confine_runner's write roots: workdir, build_dir, /dev/shm); "
+    "(closed) a run step's candidate may write its build dir (confine_runner's write roots: workdir, build_dir, /dev/shm); "
     "the pool removes the work dir after the step but keeps cache/builds/<key>/ for good and checks its quota "
     "only after compile steps (pool._build/_over_quota), so a pure-Python answer leaves files of any size "
     "(RLIMIT_FSIZE 4 GiB each) in the shared cache; docs/sandbox.md says the build dir is writable by the "
     "compile step only")
-ALIAS_CPU_HOLE = (
-    "on the CPU backend the only aliasing check that can see an output returned as the input itself is "
-    "runner._aliasing, in the candidate's own process: an answer that replaces it returns x, the runner "
-    "copies it into a fresh sealed memfd (the judge sees a new inode), and a copy task scores correct with the "
-    "copy the reference pays for skipped (on a GPU the IPC handle of the input would give it away)")
+
+PRLIMIT_HOLE = (
+    "prlimit(2) is neither in the seccomp filter (sandbox/seccomp.py _DENIED) nor covered by Landlock (no "
+    "task_prlimit hook), and every process of a step is uid 0: the candidate reads and sets the resource limits "
+    "of the judge (pid 1) and of the reference runner (pid 2), which the kernel allows to a process of the same "
+    "uid; with the judge's RLIMIT_NOFILE lowered it breaks the judge (A32: its own verdict becomes "
+    "runtime_error; nothing found that gains credit: opening an output takes two descriptors, as many as the "
+    "judge's leftover sweep)")
 
 
 def _a(source: str, expected: str, flag: str | None, tries: str, **kw: Any) -> Answer:
+    if (kw.get("max_speedup") or kw.get("follow_max_speedup")) and "overrides" not in kw:
+        kw["overrides"] = dict(_TIMED_RUNS)  # a median of more calls: the box may be shared
     return Answer(source, "cpu", expected, flag, tries, **kw)
 
 
-_TIMED = 1.5   # "timed honestly": a correct verdict of a hack must not score above this
+# "timed honestly": a correct verdict of a hack may not score more than this times what the correct
+# answer evaluated right after it scores (against the same cached reference time), nor this at all
+# where the correct answer scores below 1
+_TIMED = 1.5
+_TIMED_RUNS = {"timing_runs": 15, "warmup_runs": 2}
 
 ANSWERS: dict[str, Answer] = {
     # ---- A: run-time reward hacks (issue 22) ---------------------------------------------------
@@ -399,13 +414,13 @@ ANSWERS: dict[str, Answer] = {
     "A22_forged_timing_message": _a(forward(
         "return x.clamp_min(0)", prelude="_send({'ok': True, 'times': [1e-6] * 5, 'new_runtime_ms': 1e-6})\n"),
         "rule_violation", "forged_message", "sends a timing record on its channel at import"),
-    "A23_reply_ahead_of_the_call": _a(forward("return x.clamp_min(0)", init="_send({'ok': True})"),
+    "A23_reply_ahead_of_the_call": _a(forward("return x.clamp_min(0)", init="_send({'ok': True})\n_send({'ok': True})"),
                                       "rule_violation", "forged_message",
                                       "queues a reply before the judge asks (an instant answer)"),
     "A24_reply_for_the_next_call_in_advance": _a(forward(
-        "y = x.clamp_min(0)\n_send({'ok': True, 'outputs': [_desc(y)]}, [_sealed(y)])\nreturn y"),
-        "rule_violation", "forged_message", "answers each call itself, leaving the runner's reply queued "
-        "as the next call's instant answer", on={"cuda": ("rule_violation", "forged_message")}),
+        "y = x.clamp_min(0)\nfor _ in range(2):\n    _send({'ok': True, 'outputs': [_desc(y)]}, [_sealed(y)])\nreturn y"),
+        "rule_violation", "forged_message", "answers each call itself, twice, so that a reply is already "
+        "queued as the next call's instant answer", on={"cuda": ("rule_violation", "forged_message")}),
     "A25_reply_with_its_own_times": _a(forward(
         "y = x.clamp_min(0)\n_send({'ok': True, 'outputs': [_desc(y)], 'new_runtime_ms': 0.001, "
         "'speedup': 100.0}, [_sealed(y)])\nos._exit(0)"), "rule_violation", "forged_message",
@@ -429,7 +444,7 @@ ANSWERS: dict[str, Answer] = {
         print('REDTEAM pids in sight:', sorted(others), flush=True)
         for pid in others:
             _try(f'pid{pid}_mem', lambda: os.close(os.open(f'/proc/{pid}/mem', os.O_RDONLY)))
-            _try(f'pid{pid}_list_fds', lambda: os.listdir(f'/proc/{pid}/fd'))
+            print(f'REDTEAM pid{pid} fd numbers (a listing needs no ptrace right): {len(os.listdir(f"/proc/{pid}/fd"))}', flush=True)
             _try(f'pid{pid}_readlink_fd0', lambda: os.readlink(f'/proc/{pid}/fd/0'))
             _try(f'pid{pid}_maps', lambda: _read(f'/proc/{pid}/maps'))
             _try(f'pid{pid}_environ', lambda: _read(f'/proc/{pid}/environ'))
@@ -446,21 +461,49 @@ ANSWERS: dict[str, Answer] = {
         "maps and environment through /proc, process_vm_readv, ptrace, pidfd_getfd; stops or renices them",
         log_needles=("REDTEAM pid1_mem: denied",)),
     "A30_secret_environment": _a(forward("return x", init="""
-        found = {'environ': dict(os.environ)}
+        import re
+        secretish = re.compile('TOKEN|KEY|SECRET|PASSW|WANDB|HF_|AUTH|CREDENTIAL', re.I)
+        found = {}
+        sources = {'os.environ': lambda: dict(os.environ)}
         for p in ('/proc/self/environ', '/proc/1/environ', f'/proc/{os.getppid()}/environ', f'/proc/{$POOL_PID}/environ'):
+            sources[p] = lambda p=p: dict(kv.split('=', 1) for kv in open(p, 'rb').read().decode().split('\\0') if '=' in kv)
+        for where, get in sources.items():
             try:
-                found[p] = open(p, 'rb').read().decode('utf-8', 'replace')
+                env = get()
             except OSError as e:
-                found[p] = f'{type(e).__name__}'
+                found[where] = type(e).__name__
+                continue
+            found[where] = {k: v for k, v in env.items() if secretish.search(k) or 'S3CRET' in v} or f'{len(env)} variables, none secret'
         raise RuntimeError('REDTEAM ENV ' + json.dumps(found))
-        """), "runtime_error", None, "raises with its os.environ and /proc/{self,1,parent,pool}/environ "
-        "(the driver has WANDB_API_KEY and HF_TOKEN set)", error_needles=("REDTEAM ENV",)),
+        """), "runtime_error", None, "raises with every secret-looking variable of its os.environ and of "
+        "/proc/{self,1,parent,pool}/environ (the driver has WANDB_API_KEY and HF_TOKEN set)",
+        error_needles=("REDTEAM ENV", "none secret")),
     "A31_returns_the_input_on_a_copy_task": _a(forward(
         "return x", prelude="import sandbox.runner as _r\n_r._aliasing = lambda outs, inputs: None\n", task="copy"),
-        "rule_violation", "output_aliases_input", "copy task: returns the input itself after disabling the "
-        "runner's own aliasing check (the runner copies it out)", task="copy", hole=ALIAS_CPU_HOLE,
-        on={"cuda": ("rule_violation", "output_aliases_input")}),
-
+        "correct", "degenerate_check", "copy task: returns the input itself after disabling the runner's own "
+        "aliasing check (on a CPU the runner's copy-out is the work, and it is on the judge's clock)", task="copy",
+        max_speedup=_TIMED, on={"cuda": ("rule_violation", "output_aliases_input")}),
+    "A32_prlimit_starves_the_judges_sweep": _a(forward("""
+        if not self.armed:
+            self.armed = True
+            me = os.getpid()
+            for _ in range(3):
+                if os.fork() == 0:
+                    # idle until the candidate is gone (killed before the reference is timed), then spin
+                    # on the CPU the reference runner shares with it
+                    while os.path.exists(f'/proc/{me}'):
+                        time.sleep(0.002)
+                    os.execve('/bin/sh', ['sh', '-c', 'while :; do :; done', 'redteam-leftover'], {})
+            # the judge may open one descriptor more than it holds (RLIMIT_NOFILE bounds the number):
+            # meant to make its sweep's open('/proc/<pid>/stat') fail, so that the leftovers live on
+            held = {int(f) for f in os.listdir('/proc/1/fd')}
+            n = min(set(range(len(held) + 1)) - held)
+            resource.prlimit(1, resource.RLIMIT_NOFILE, (n + 1, resource.prlimit(1, resource.RLIMIT_NOFILE)[1]))
+        return torch.matmul(a, b)
+        """, init="self.armed = False", task="matmul"), "runtime_error", None,
+        "lowers the judge's RLIMIT_NOFILE (prlimit) so that its leftover sweep cannot open /proc, with 3 "
+        "leftovers waiting to spin beside the reference's timing", task="matmul_sweep", follow_max_speedup=_TIMED,
+        error_needles=("Too many open files",), note=PRLIMIT_HOLE),
     # ---- B: reads (issue 24) --------------------------------------------------------------------
     "B01_open_netrc": _a(probe("_try('open_netrc', lambda: _read($NETRC))\n"
                                "_try('open_ssh_key', lambda: _read($SSH_KEY))"),
@@ -500,7 +543,9 @@ ANSWERS: dict[str, Answer] = {
     "B08_another_evaluations_work_dir": _a(probe("""
         _try('list_victim_eval_dir', lambda: os.listdir($VICTIM_DIR))
         _try('read_victim_secret', lambda: _read($VICTIM_FILE))
+        _try('read_victim_secret_plain_layout', lambda: _read($VICTIM_FILE2))
         _try('libc_read_victim_secret', lambda: _c_read($VICTIM_FILE))
+        _try('list_victim_scratch', lambda: os.listdir(os.path.dirname(os.path.dirname($VICTIM_FILE))))
         _try('list_all_work_dirs', lambda: os.listdir($WORK_ROOT))
         """), "correct", None, "reads a file another evaluation running at the same time wrote in its work dir",
         group="B", kind="victim", log_needles=("REDTEAM read_victim_secret: denied",)),
@@ -516,10 +561,10 @@ ANSWERS: dict[str, Answer] = {
                                         "compile_error", None, "C++ #include \"<planted .netrc>\" in load_inline "
                                         "cpp_sources (g++ runs in the compile step's Landlock domain)", group="B",
                                         error_needles=("Permission denied",)),
-    "B11_flag_include_of_the_secret": _a(_load_inline(_CPP_RELU, "['-include', $NETRC]"), "compile_error", None,
+    "B11_flag_include_of_the_secret": _a(_load_inline(_CPP_RELU, "['-include', $NETRC]"), "compile_error|load_error", None,
                                          "extra_cflags -include <planted .netrc>", group="B",
                                          error_needles=("disallowed build argument",)),
-    "B12_flag_response_file": _a(_load_inline(_CPP_RELU, "['@' + $NETRC]"), "compile_error", None,
+    "B12_flag_response_file": _a(_load_inline(_CPP_RELU, "['@' + $NETRC]"), "compile_error|load_error", None,
                                  "extra_cflags @<planted .netrc> (a response file)", group="B",
                                  error_needles=("disallowed build argument",)),
     "B13_reads_from_the_compile_step": _a("# load_inline (this word alone gives the answer a compile step)\n" + probe(
@@ -548,7 +593,7 @@ ANSWERS: dict[str, Answer] = {
 
     # ---- C: escapes (issue 25) ------------------------------------------------------------------
     "C01_wrapper_flag_runs_a_script": _a(_load_inline(_CPP_RELU, "['-O2', '-wrapper', '/bin/sh,' + $WRAPPER]"),
-                                         "compile_error", None, "extra_cflags -wrapper /bin/sh,<script> (the script "
+                                         "compile_error|load_error", None, "extra_cflags -wrapper /bin/sh,<script> (the script "
                                          "would create a marker file)", group="C", host_check="marker",
                                          error_needles=("disallowed build argument",)),
     "C02_forged_verdict_on_the_channel": _a(forward(
@@ -634,7 +679,7 @@ ANSWERS: dict[str, Answer] = {
         _try('open_randomize_va_space_for_writing', lambda: os.close(os.open('/proc/sys/kernel/randomize_va_space', os.O_WRONLY)) or 'opened')
         """, at="import"), "correct", None, "module code run by the compile step opens /proc/sys/kernel/core_pattern "
         "(host root execution), vm/drop_caches, kernel/randomize_va_space for writing (never writes)", group="C",
-        hole=COMPILE_STEP_HOLE),
+        note=COMPILE_STEP_HOLE),
     "C08_compile_step_privileges": _a("# load_inline (this word alone gives the answer a compile step)\n" + probe(
         """
         caps = {k: v.strip() for k, _, v in (ln.partition(':') for ln in open('/proc/self/status')) if k in ('CapEff', 'Seccomp')}
@@ -656,14 +701,21 @@ ANSWERS: dict[str, Answer] = {
         _try('compile_mknod_char', node)
         _try('compile_bpf_map_create', lambda: os.close(_sys(321, 0, ctypes.addressof((ctypes.c_uint * 5)(2, 4, 4, 1, 0)), 20)) or 'bpf map')
         """, at="import"), "correct", None, "module code run by the compile step: capabilities, SCHED_FIFO, "
-        "affinity to every CPU, RLIMIT_AS raised, mknod, bpf()", group="C", hole=COMPILE_STEP_HOLE),
+        "affinity to every CPU, RLIMIT_AS raised, mknod, bpf()", group="C", note=COMPILE_STEP_HOLE),
     "C09_storage_left_in_the_build_dir": _a(forward(f"return {_HONEST['relu']}", init="""
         d = os.environ.get('TORCH_EXTENSIONS_DIR')
         if d:
             with open(os.path.join(d, $SHM_PREFIX + 'left-in-cache'), 'wb') as f:
                 f.write(b'\\0' * (16 << 20))
         """), "correct", None, "writes 16 MiB into its build dir (TORCH_EXTENSIONS_DIR) during the run step",
-        group="C", kind="build_dir_leftover", hole=BUILD_DIR_HOLE),
+        group="C", kind="build_dir_leftover", note=BUILD_DIR_HOLE),
+    "C10_prlimit_of_the_judge_and_the_reference": _a(probe("""
+        for pid in sorted(int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()):
+            old = _try(f'prlimit_read_pid{pid}', lambda: resource.prlimit(pid, resource.RLIMIT_NOFILE))
+            if old:
+                _try(f'prlimit_set_same_pid{pid}', lambda: resource.prlimit(pid, resource.RLIMIT_NOFILE, old))
+        """), "correct", None, "reads and (to the same values) sets the RLIMIT_NOFILE of the judge and the "
+        "reference runner with prlimit", group="C", hole=PRLIMIT_HOLE),
 }
 
 # the answer of the victim evaluation that B08 reads (its work dir holds $VICTIM_SECRET meanwhile)
@@ -768,7 +820,7 @@ class Site:
              "RAY_TOKEN": str(self.ray_token), "RAY_DIR": str(self.ray_dir), "WRAPPER": str(self.wrapper),
              "LISTEN_PATH": self.listen_path, "ABSTRACT": self.abstract, "SHM_PREFIX": self.shm_prefix,
              "PROJECT_ROOT": PROJECT_ROOT, "WORK_ROOT": str(self.cache / "work"), "VICTIM_SECRET": self.victim_secret,
-             "HANDLE_HEX": self.handle_hex, "VICTIM_DIR": "", "VICTIM_FILE": "", **extra}
+             "HANDLE_HEX": self.handle_hex, "VICTIM_DIR": "", "VICTIM_FILE": "", "VICTIM_FILE2": "", **extra}
         out = {k: repr(val) for k, val in v.items()}
         out.update(POOL_PID=str(os.getpid()), TCP_PORT=str(self.tcp_port), HANDLE_TYPE=str(self.handle_type))
         return out
@@ -879,34 +931,61 @@ async def evaluate(pool: Any, site: Site, name: str, backend: str = "cpu") -> Ou
         extra["left_in_cache"] = sorted(glob.glob(str(site.cache / "builds" / "*" / f"{site.shm_prefix}left-in-cache")))
         for path in extra["left_in_cache"]:  # the test's own cleanup: the hole is recorded, the disk freed
             os.unlink(path)
-    follow = await pool.evaluate(task, CORRECT[a.task], backend, key=f"redteam-after-{name[:3]}")
+    follow = await pool.evaluate(task, CORRECT[a.task], backend, key=f"redteam-after-{name[:3]}", **a.overrides)
     return Outcome(name, res, follow, extra, round(time.monotonic() - t0, 2))
 
 
+
+def solo(name: str) -> bool:
+    """Answers evaluated with nothing beside them: their verdict rests on the judge's clock (or, for
+    the victim case, on the pool's two slots)."""
+    a = ANSWERS[name]
+    return a.max_speedup is not None or a.follow_max_speedup is not None or a.kind == "victim"
+
+
+async def run_group(pool: Any, site: Site, group_names: list[str], backend: str = "cpu",
+                    parallel: int = 2) -> dict[str, Outcome]:
+    """Every answer of ``group_names`` (each followed by the correct answer): those whose verdict does
+    not rest on timing ``parallel`` at a time, then the rest one by one."""
+    out: dict[str, Outcome] = {}
+    gate = asyncio.Semaphore(parallel)
+
+    async def one(name: str) -> None:
+        async with gate:
+            out[name] = await evaluate(pool, site, name, backend)
+
+    await asyncio.gather(*(one(n) for n in group_names if not solo(n)))
+    for name in group_names:
+        if solo(name):
+            out[name] = await evaluate(pool, site, name, backend)
+    return {n: out[n] for n in group_names}
+
 async def _with_victim(pool: Any, site: Site, name: str, a: Answer, backend: str) -> tuple[Any, dict[str, Any]]:
-    """The victim runs (its first call sleeps 6 s, its secret in its work dir); once its secret is
-    on disk, the answer, given the victim's work dir, runs beside it."""
+    """The victim runs (its secret in its work dir from its constructor on, then a first call of 6 s);
+    once its step has started, the answer, given the victim's work dir, runs beside it. The victim's
+    runners write inside the step's own quota tmpfs (run0/scratch, in its mount namespace), so the
+    answer is given both places its secret can be: that one and the plain run0/candidate."""
     victim = asyncio.ensure_future(pool.evaluate(TASKS["relu"], site.render(VICTIM), backend,
                                                  key=f"redteam-victim-{name[:3]}"))
-    pattern = str(site.cache / "work" / f"redteam-victim-{name[:3]}-*")
+    pattern = str(site.cache / "work" / f"redteam-victim-{name[:3]}-*" / "run0")
     found: list[str] = []
     deadline = time.monotonic() + 30
     while not victim.done() and time.monotonic() < deadline:
-        found = glob.glob(os.path.join(pattern, "**", "victim_secret.txt"), recursive=True)
+        found = glob.glob(pattern)
         if found:
             break
         await asyncio.sleep(0.05)
     if not found:
         victim_res = await victim
-        raise RuntimeError(f"the victim's secret never appeared in its work dir (victim: {victim_res})")
-    secret_file = found[0]
-    eval_dir = str(Path(secret_file).relative_to(site.cache / "work").parts[0])
-    res = await pool.evaluate(TASKS[a.task], site.render(a.source, VICTIM_DIR=str(site.cache / "work" / eval_dir),
-                                                         VICTIM_FILE=secret_file),
+        raise RuntimeError(f"the victim's step never started (victim: {victim_res})")
+    run0 = Path(found[0])
+    files = [str(run0 / "scratch" / "candidate" / "victim_secret.txt"), str(run0 / "candidate" / "victim_secret.txt")]
+    res = await pool.evaluate(TASKS[a.task], site.render(a.source, VICTIM_DIR=str(run0.parent), VICTIM_FILE=files[0],
+                                                         VICTIM_FILE2=files[1]),
                               backend, key=f"redteam-{name}", **a.overrides)
     victim_alive_after = not victim.done()
     victim_res = await victim
-    return res, {"victim": victim_res, "victim_file": secret_file, "victim_alive_after": victim_alive_after}
+    return res, {"victim": victim_res, "victim_files": files, "victim_alive_after": victim_alive_after}
 
 
 def problems(o: Outcome, site: Site, backend: str = "cpu") -> list[str]:
@@ -917,10 +996,14 @@ def problems(o: Outcome, site: Site, backend: str = "cpu") -> list[str]:
     if expected == "correct":
         if not res.correct or res.error_kind is not None:
             out.append(f"expected correct, got {res.error_kind}: {(res.error or '')[:300]}")
-        elif a.max_speedup is not None and res.timed and (res.speedup is None or res.speedup > a.max_speedup):
-            out.append(f"credited: speedup {res.speedup} over {a.max_speedup}")
+        elif a.max_speedup is not None and res.timed:
+            honest = o.follow.speedup if o.follow.correct and o.follow.speedup else 1.0
+            bound = a.max_speedup * max(1.0, honest)
+            if res.speedup is None or res.speedup > bound:
+                out.append(f"credited: speedup {res.speedup} over {bound:.3g} ({a.max_speedup} x the correct "
+                           f"answer's {honest:.3g})")
     else:
-        if res.correct or res.error_kind != expected:
+        if res.correct or res.error_kind not in expected.split("|"):
             out.append(f"expected {expected}, got {'correct' if res.correct else res.error_kind} "
                        f"(speedup {res.speedup}): {(res.error or '')[:300]}")
     if flag and flag not in res.flags:

@@ -1,0 +1,55 @@
+"""A task's footprint on the meta device, and the load-time error for a task no GPU here can hold."""
+from __future__ import annotations
+
+import pytest
+
+from rewards.config import load_reward_config
+from rewards.env import KernelEnv
+from rewards.tasks import TaskError
+from sandbox import footprint
+
+BIG = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(n, n))
+
+    def forward(self, x):
+        return x @ self.w
+
+
+def get_inputs():
+    return [torch.randn(65536, 65536)]
+
+
+def get_init_inputs():
+    return [65536]
+'''
+
+
+def test_the_footprint_is_measured_without_memory():
+    fp = footprint.measure(BIG)
+    assert fp.input_bytes == fp.param_bytes == fp.output_bytes == 65536 * 65536 * 4  # 16 GiB each, none drawn
+    assert fp.minimum_bytes == 6 * 65536 * 65536 * 4
+    assert footprint.too_big(fp, 200 * 2**30) is None
+    why = footprint.too_big(fp, 80 * 2**30)
+    assert why and "96.0 GiB" in why and "80.0 GiB" in why, why
+
+
+def test_a_task_no_gpu_here_can_hold_is_named_at_load(monkeypatch, tmp_path):
+    level = tmp_path / "level1"
+    level.mkdir()
+    (level / "1_huge_matmul.py").write_text(BIG)
+    (level / "2_small.py").write_text(BIG.replace("65536", "64"))
+    monkeypatch.setattr(footprint, "device_memory_bytes", lambda: [80 * 2**30])
+    cfg = load_reward_config("kernel", backend="cuda", tasks=str(tmp_path), levels=[1], holdout_frac=0.0)
+    with pytest.raises(TaskError, match=r"L1/1_huge_matmul .*needs at least 96.0 GiB.*80.0 GiB"):
+        KernelEnv(cfg, eval_pool=None)
+    cfg = load_reward_config("kernel", backend="cuda", tasks=str(tmp_path), levels=[1], holdout_frac=0.0,
+                             skip_invalid_tasks=True)
+    env = KernelEnv(cfg, eval_pool=None)
+    assert [t.task_id for t in env.tasks("train")] == ["L1/2_small"]
