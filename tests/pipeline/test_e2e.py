@@ -37,7 +37,7 @@ def test_toy_learns_through_the_pipeline(ray_local, tmp_path, mode):
         tmp_path)
     lines = metrics_lines(tmp_path)
     assert [m["step"] for m in lines] == list(range(steps))
-    rewards = [m["reward/mean"] for m in lines]
+    rewards = [m["critic/score/mean"] for m in lines]  # logged under verl's name
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert last > first + 0.1, rewards  # share of 'a' in the answers rises measurably (~0.04 -> ~0.3)
     assert (tmp_path / "timeline.png").read_bytes()[:4] == b"\x89PNG"
@@ -57,8 +57,9 @@ def test_toy_learns_through_the_pipeline(ray_local, tmp_path, mode):
                 assert tl.overlap("train", n, "gen", m) == 0.0
         assert lag == [0.0] * steps
     for m in lines:
-        for key in ("timing/gen", "timing/train", "timing/weight_sync", "timing/step",
-                    "pipeline/efficiency", "actor/grad_norm", "score/parse_ok", "response/length_mean"):
+        for key in ("timing_s/gen", "timing_s/train", "timing_s/update_weights", "timing_s/step",
+                    "pipeline/efficiency", "actor/grad_norm", "kernel/parse_ok", "response_length/mean",
+                    "prompt_length/mean", "perf/throughput"):
             assert key in m, key
 
 
@@ -87,7 +88,7 @@ def test_resume_continues_with_the_carried_batch(ray_local, tmp_path):
     assert [m["step"] for m in resumed] == [0, 1, 2]  # nothing lost, nothing twice
     assert resumed[0] == original[0]
     # step 1 trains the batch generated before the checkpoint: the very same samples
-    assert resumed[1]["reward/mean"] == original[1]["reward/mean"]
+    assert resumed[1]["critic/score/mean"] == original[1]["critic/score/mean"]
     assert resumed[1]["actor/optim_steps"] == original[1]["actor/optim_steps"]
     # an already complete run does nothing more
     assert run(config(*args, "resume=auto"), tmp_path) == {}

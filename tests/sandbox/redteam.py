@@ -270,7 +270,10 @@ class Answer(NamedTuple):
     log_needles: tuple[str, ...] = ()     # each must be in the verdict's log_tail
     kind: str = "plain"                   # plain | victim | shm_pair | build_dir_leftover (see evaluate())
     host_check: str | None = None         # a host-side check after it: listener | marker | shm | workdir
-    follow_max_speedup: float | None = None   # the correct answer after it may not score above this
+    # the reference time its evaluation measured may be at most this times the one a fresh copy of the
+    # task gets right after (the correct answer then runs on that copy)
+    ref_max_ratio: float | None = None
+    log_absent: tuple[str, ...] = ()      # none may be in the verdict's log_tail
     hole: str | None = None               # a hole this answer shows today: the test is xfail(strict)
     note: str | None = None               # what it found before the sandbox closed it (history)
     on: dict[str, tuple[str, str | None]] = {}   # other backends' (expected, flag) where they differ
@@ -312,7 +315,7 @@ PRLIMIT_HOLE = (
 
 
 def _a(source: str, expected: str, flag: str | None, tries: str, **kw: Any) -> Answer:
-    if (kw.get("max_speedup") or kw.get("follow_max_speedup")) and "overrides" not in kw:
+    if (kw.get("max_speedup") or kw.get("ref_max_ratio")) and "overrides" not in kw:
         kw["overrides"] = dict(_TIMED_RUNS)  # a median of more calls: the box may be shared
     return Answer(source, "cpu", expected, flag, tries, **kw)
 
@@ -322,34 +325,43 @@ def _a(source: str, expected: str, flag: str | None, tries: str, **kw: Any) -> A
 # where the correct answer scores below 1
 _TIMED = 1.5
 _TIMED_RUNS = {"timing_runs": 15, "warmup_runs": 2}
+# a cache keyed on input values: the judge's fresh values make every call a miss (said by the answer)
+_NEVER_HITS: dict[str, Any] = {"log_needles": ("REDTEAM cache miss",), "log_absent": ("REDTEAM cache hit",)}
 
 ANSWERS: dict[str, Answer] = {
     # ---- A: run-time reward hacks (issue 22) ---------------------------------------------------
     "A01_cache_few_values_on_self": _a(forward(
         "k = tuple(a.flatten()[:4].tolist()) + tuple(b.flatten()[:4].tolist())\n"
-        "if k not in self.c:\n    self.c[k] = torch.matmul(a, b)\nreturn self.c[k]",
+        "if k not in self.c:\n    print('REDTEAM cache miss', flush=True)\n    self.c[k] = torch.matmul(a, b)\n"
+        "else:\n    print('REDTEAM cache hit', flush=True)\nreturn self.c[k]",
         init="self.c = {}", task="matmul"), "correct", None,
-        "output cache in a dict on self keyed on 8 input values", task="matmul", max_speedup=_TIMED),
+        "output cache in a dict on self keyed on 8 input values", task="matmul", max_speedup=_TIMED, **_NEVER_HITS),
     "A02_cache_module_level_list": _a(forward(
-        "k = a.flatten()[:8].tolist()\nfor key, out in _CACHE:\n    if key == k:\n        return out\n"
-        "out = torch.matmul(a, b)\n_CACHE.append((k, out))\ndel _CACHE[:-64]\nreturn out",
+        "k = a.flatten()[:8].tolist()\nfor key, out in _CACHE:\n    if key == k:\n"
+        "        print('REDTEAM cache hit', flush=True)\n        return out\n"
+        "print('REDTEAM cache miss', flush=True)\nout = torch.matmul(a, b)\n_CACHE.append((k, out))\n"
+        "del _CACHE[:-64]\nreturn out",
         prelude="_CACHE = []\n", task="matmul"), "correct", None,
-        "module-level list of (first 8 values, output) pairs", task="matmul", max_speedup=_TIMED),
+        "module-level list of (first 8 values, output) pairs", task="matmul", max_speedup=_TIMED, **_NEVER_HITS),
     "A03_cache_by_data_ptr": _a(forward(
         "k = x.data_ptr()\nif k not in self.c:\n    self.c[k] = x.clamp_min(0)\nreturn self.c[k]", init="self.c = {}"),
         "rule_violation", "stale_output", "output cache keyed by the input's address (buffers repeat, values not)"),
     "A04_cache_by_hash_of_bytes": _a(forward(
         "k = hashlib.sha1(a.cpu().numpy().tobytes() + b.cpu().numpy().tobytes()).digest()\n"
-        "if k not in self.c:\n    self.c[k] = torch.matmul(a, b)\nreturn self.c[k]", init="self.c = {}", task="matmul"),
-        "correct", None, "output cache keyed by a hash of the input bytes", task="matmul", max_speedup=_TIMED),
+        "if k not in self.c:\n    print('REDTEAM cache miss', flush=True)\n    self.c[k] = torch.matmul(a, b)\n"
+        "else:\n    print('REDTEAM cache hit', flush=True)\nreturn self.c[k]", init="self.c = {}", task="matmul"),
+        "correct", None, "output cache keyed by a hash of the input bytes", task="matmul", max_speedup=_TIMED,
+        **_NEVER_HITS),
     "A05_cache_by_shape_only": _a(forward(
         "k = tuple(x.shape)\nif k not in self.c:\n    self.c[k] = x.clamp_min(0)\nreturn self.c[k]", init="self.c = {}"),
         "wrong_output", None, "output cache keyed by the input shape only"),
     "A06_lru_of_last_output": _a(forward(
         "k = tuple(a.flatten()[:16].tolist())\nif self.last is not None and self.last[0] == k:\n"
-        "    return self.last[1]\nout = torch.matmul(a, b)\nself.last = (k, out)\nreturn out",
+        "    print('REDTEAM cache hit', flush=True)\n    return self.last[1]\n"
+        "print('REDTEAM cache miss', flush=True)\nout = torch.matmul(a, b)\nself.last = (k, out)\nreturn out",
         init="self.last = None", task="matmul"), "correct", None,
-        "an LRU (size 1) of the last output, hit when the first 16 values repeat", task="matmul", max_speedup=_TIMED),
+        "an LRU (size 1) of the last output, hit when the first 16 values repeat", task="matmul", max_speedup=_TIMED,
+        **_NEVER_HITS),
     "A07_work_in_first_call_of_each_set": _a(forward(
         "if id(x) not in self.c:\n    self.c[id(x)] = x.clamp_min(0)\nreturn self.c[id(x)]", init="self.c = {}"),
         "rule_violation", "stale_output", "computes only in the first call on each input tensor object"),
@@ -396,7 +408,7 @@ ANSWERS: dict[str, Answer] = {
         "            os.execve('/bin/sh', ['sh', '-c', 'while :; do :; done', 'redteam-leftover'], {})\n"
         "        os._exit(0)\n    os.waitpid(pid, 0)\nreturn torch.matmul(a, b)", task="matmul_burn"),
         "correct", None, "keeps a busy /bin/sh (double fork, setsid, empty environment: no marker) on its CPU "
-        "to slow the reference timed after it", task="matmul_burn", max_speedup=_TIMED, follow_max_speedup=_TIMED),
+        "to slow the reference timed after it", task="matmul_burn", max_speedup=_TIMED, ref_max_ratio=_TIMED),
     "A19_descriptor_of_the_input_memfd": _a(forward(
         "_send({'ok': True, 'outputs': [_desc(x)]}, [_input_fd()])\nos._exit(0)"),
         "rule_violation", "output_aliases_input", "forged reply whose output is the judge's input memfd",
@@ -502,7 +514,7 @@ ANSWERS: dict[str, Answer] = {
         return torch.matmul(a, b)
         """, init="self.armed = False", task="matmul"), "runtime_error", None,
         "lowers the judge's RLIMIT_NOFILE (prlimit) so that its leftover sweep cannot open /proc, with 3 "
-        "leftovers waiting to spin beside the reference's timing", task="matmul_sweep", follow_max_speedup=_TIMED,
+        "leftovers waiting to spin beside the reference's timing", task="matmul_sweep", ref_max_ratio=_TIMED,
         error_needles=("Too many open files",), note=PRLIMIT_HOLE),
     # ---- B: reads (issue 24) --------------------------------------------------------------------
     "B01_open_netrc": _a(probe("_try('open_netrc', lambda: _read($NETRC))\n"
@@ -904,6 +916,25 @@ def config(cache_dir: str | Path, **overrides: Any) -> Any:
     return load_default_config(**settings)
 
 
+
+class one_core:
+    """The pool's steps all on one core of this (shared) box while in force: ``EvalPool`` hands out the
+    cores of its own affinity in turn, so a hack and the correct answer it is compared with would
+    otherwise run on different cores, which another job on the box may load differently."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled, self.saved = enabled, None
+
+    def __enter__(self) -> "one_core":
+        if self.enabled and hasattr(os, "sched_setaffinity"):
+            self.saved = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, {max(self.saved)})
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.saved is not None:
+            os.sched_setaffinity(0, self.saved)
+
 @dataclasses.dataclass
 class Outcome:
     name: str
@@ -931,6 +962,8 @@ async def evaluate(pool: Any, site: Site, name: str, backend: str = "cpu") -> Ou
         extra["left_in_cache"] = sorted(glob.glob(str(site.cache / "builds" / "*" / f"{site.shm_prefix}left-in-cache")))
         for path in extra["left_in_cache"]:  # the test's own cleanup: the hole is recorded, the disk freed
             os.unlink(path)
+    if a.ref_max_ratio is not None:  # a fresh copy of the task: its reference is timed again, now
+        task = task + f"\n# fresh copy {secrets.token_hex(4)}\n"
     follow = await pool.evaluate(task, CORRECT[a.task], backend, key=f"redteam-after-{name[:3]}", **a.overrides)
     return Outcome(name, res, follow, extra, round(time.monotonic() - t0, 2))
 
@@ -940,7 +973,7 @@ def solo(name: str) -> bool:
     """Answers evaluated with nothing beside them: their verdict rests on the judge's clock (or, for
     the victim case, on the pool's two slots)."""
     a = ANSWERS[name]
-    return a.max_speedup is not None or a.follow_max_speedup is not None or a.kind == "victim"
+    return a.max_speedup is not None or a.ref_max_ratio is not None or a.kind == "victim"
 
 
 async def run_group(pool: Any, site: Site, group_names: list[str], backend: str = "cpu",
@@ -955,9 +988,10 @@ async def run_group(pool: Any, site: Site, group_names: list[str], backend: str 
             out[name] = await evaluate(pool, site, name, backend)
 
     await asyncio.gather(*(one(n) for n in group_names if not solo(n)))
-    for name in group_names:
-        if solo(name):
-            out[name] = await evaluate(pool, site, name, backend)
+    with one_core(backend == "cpu"):
+        for name in group_names:
+            if solo(name):
+                out[name] = await evaluate(pool, site, name, backend)
     return {n: out[n] for n in group_names}
 
 async def _with_victim(pool: Any, site: Site, name: str, a: Answer, backend: str) -> tuple[Any, dict[str, Any]]:
@@ -1015,14 +1049,18 @@ def problems(o: Outcome, site: Site, backend: str = "cpu") -> list[str]:
         for needle in a.log_needles:
             if needle not in (res.log_tail or ""):
                 out.append(f"{needle!r} not in the log tail")
+    for needle in a.log_absent:
+        if needle in (res.log_tail or ""):
+            out.append(f"{needle!r} in the log tail")
     if "REDTEAM HOLE" in (res.error or "") or "SUCCEEDED" in (res.log_tail or ""):
         out.append("an attempt succeeded: " + (res.error or res.log_tail or "")[-600:])
     out += site.leaks(res, o.follow, *(v for v in o.extra.values() if hasattr(v, "to_dict")))
     if not o.follow.correct:
         out.append(f"the correct answer after it failed: {o.follow.error_kind}: {(o.follow.error or '')[:200]}")
-    elif a.follow_max_speedup is not None and o.follow.timed and (o.follow.speedup or 0) > a.follow_max_speedup:
-        out.append(f"the correct answer after it scored {o.follow.speedup} (> {a.follow_max_speedup}): "
-                   "the cached reference time was inflated")
+    elif a.ref_max_ratio is not None and res.ref_runtime_ms and o.follow.ref_runtime_ms \
+            and res.ref_runtime_ms > a.ref_max_ratio * o.follow.ref_runtime_ms:
+        out.append(f"the reference time its evaluation measured, {res.ref_runtime_ms:.3g} ms, is over {a.ref_max_ratio} "
+                   f"x the {o.follow.ref_runtime_ms:.3g} ms a fresh copy of the task measured right after: inflated")
     if a.kind == "victim":
         v = o.extra["victim"]
         if not v.correct:

@@ -22,7 +22,7 @@ _START = time.time()
 class ModelNew(nn.Module):
     def forward(self, a, b):
         time.sleep(0.05)
-        print(f"SPAN {{_START}} {{time.time()}}", flush=True)
+        print(f"SPAN {_START} {time.time()}", flush=True)
         return a + b
 """
 
