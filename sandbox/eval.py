@@ -2,6 +2,10 @@
 
 Prints a readable verdict (or ``--json``). The exit code is 0 for any verdict, wrong answers
 included; it is 2 only when the command itself is wrong (a missing file, a bad option).
+
+It runs the sandbox alone: no anti-hack rules and the task file's sizes as written (a task's
+``CPU_SIZES`` are applied by the reward env's cpu profile, not here). Both are said on stderr;
+``python -m rewards.cli evaluate`` scores an answer as training does.
 """
 from __future__ import annotations
 
@@ -51,6 +55,16 @@ def format_verdict(r: EvalResult) -> str:
     return "\n".join(lines)
 
 
+def scope_notes(task: str) -> list[str]:
+    """What this command does not do that a training reward does."""
+    notes = ["note: sandbox.eval checks correctness and timing only; the anti-hack rules are not "
+             "applied (python -m rewards.cli check/evaluate applies them)"]
+    if "CPU_SIZES" in task:
+        notes.append("note: the task's CPU_SIZES are ignored: it runs at the sizes its constants "
+                     "give (python -m rewards.cli evaluate --profile cpu uses CPU_SIZES)")
+    return notes
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sandbox.eval", description=__doc__.splitlines()[0])
     ap.add_argument("--task", required=True, help="KernelBench-format task file (class Model, get_inputs, ...)")
@@ -85,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         async with EvalPool(cfg) as pool:
             return await pool.evaluate(task, answer, a.backend)
 
+    for line in scope_notes(task):
+        print(line, file=sys.stderr)  # stderr: --json output stays one JSON document
     result = asyncio.run(run())
     print(json.dumps(result.to_dict(), indent=2) if a.json else format_verdict(result))
     return 0

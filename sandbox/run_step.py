@@ -100,6 +100,7 @@ class RunStep:
         t = _perf_counter()
         new_ms, spread = self._time(self.cand, check=True)
         wall["timing"] = round(_perf_counter() - t, 3)
+        wall["round_trip_ms"] = self._round_trip_ms()
         ref_ms = req.ref_runtime_ms
         if ref_ms is None:
             self.cand.kill()  # nothing of the answer runs while the reference (cached per task) is timed
@@ -118,6 +119,19 @@ class RunStep:
         """Add the seconds since ``since`` to ``wall_s["part_<part>"]``: where a held window goes."""
         wall = self.result["wall_s"]
         wall[f"part_{part}"] = round(wall.get(f"part_{part}", 0.0) + _perf_counter() - since, 4)
+
+    def _round_trip_ms(self, n: int = 7) -> float:
+        """Median milliseconds of a bare call to the reference runner (no forward, no outputs): the
+        part of every timed call that is the protocol's, in both times alike (reported, not
+        subtracted: a kernel faster than this has its speedup pulled toward 1)."""
+        import statistics
+
+        times = []
+        for _ in range(n):
+            t0 = _perf_counter()
+            self.ref.ask("ping", self.deadline)
+            times.append((_perf_counter() - t0) * 1000.0)
+        return round(statistics.median(times), 4)
 
     def _loaded(self, r: Runner, kind: str | None) -> None:
         msg, _ = r.reply("load", self.deadline)

@@ -119,11 +119,12 @@ def read_result_line(line: bytes, key: bytes) -> dict[str, Any] | None:
 # against these key sets: a reply with any other key, or a message when none was asked for, is a
 # forged message (the candidate runner's channel is the candidate's to write).
 
-OPS = ("load", "inputs", "call", "stop")
+OPS = ("load", "inputs", "call", "ping", "stop")
 REPLY_KEYS = {
     "ready": {"ready", "isolation"},
     "load": {"ok", "kind", "error", "stage"},
     "inputs": {"ok", "kind", "error", "stage"},
+    "ping": {"ok"},
     "call": {"ok", "outputs", "kind", "error", "stage", "peak_bytes", "flag"},
 }
 # What a runner may report a failure as: kinds its own process can cause. Anything else reads as
