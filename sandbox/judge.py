@@ -72,12 +72,16 @@ def _compile_step(req: StepRequest) -> dict[str, Any]:
 
     # the answer's code runs in this process: a runner's measures first (no capabilities, seccomp,
     # writes to its own /proc/<pid>/task only), on top of the judge's layer
-    applied = confine.confine_runner(req, req.workdir)
+    scratch = Path(req.workdir) / "scratch"  # a size-limited tmpfs where one could be mounted
+    workdir = str(scratch) if scratch.is_dir() else req.workdir
+    os.chdir(workdir)
+    os.environ.update(HOME=workdir, TMPDIR=workdir)
+    applied = confine.confine_runner(req, workdir)
     wanted: list[list[str]] = []
     build.install_build_hooks(req.build_dir, req.pch_root, wanted, req.narrow_header_dir)
     t = time.perf_counter()
     try:
-        protocol.build_candidate(req.candidate_src, req.workdir)
+        protocol.build_candidate(req.candidate_src, workdir)
     except protocol.StepError as exc:
         return {"stage": exc.stage, "error_kind": exc.kind, "error": exc.message, "isolation": applied,
                 "wall_s": {"compile": round(time.perf_counter() - t, 3)}}

@@ -364,6 +364,8 @@ class EvalPool:
                                       stage="compile" if mode == "compile" else "correctness")
         if out.killed_for == "processes":
             return EvalResult.failure("runtime_error", out.detail, stage="correctness")
+        if out.killed_for == "quota":
+            return EvalResult.failure("compile_error", out.detail, stage="compile")
         if out.killed_for == "memory":
             return EvalResult.failure("memory_limit", out.detail, stage="correctness")
         if out.data is None:
@@ -530,7 +532,8 @@ class EvalPool:
                 theirs.close()  # the worker has its own copy now
         self._live.add(proc)
         watch: dict[str, str] = {}
-        watchdog = asyncio.ensure_future(self._watch(proc, cfg, use_as, watch))
+        watchdog = asyncio.ensure_future(self._watch(proc, cfg, use_as, watch,
+                                                     build_dir if mode == "compile" else None))
         stderr_task = asyncio.ensure_future(proc.stderr.read())  # type: ignore[union-attr]
         held: tuple[Any, str] | None = None
         t_held = 0.0
@@ -585,12 +588,19 @@ class EvalPool:
         return _StepOutcome(data, **extra_out)
 
     async def _watch(self, proc: asyncio.subprocess.Process, cfg: EvalConfig, rlimit_as: bool,
-                     watch: dict[str, str]) -> None:
-        """Kill the worker's group when it forks too much or (without RLIMIT_AS) uses too much memory."""
+                     watch: dict[str, str], build_dir: Path | None = None) -> None:
+        """Kill the worker's group when it forks too much, (without RLIMIT_AS) uses too much memory,
+        or (a compile step, ``build_dir``) fills its build dir past the quota: the one place an
+        answer writes that outlives its step, and on disk."""
+        ticks = 0
         while True:
             await asyncio.sleep(0.25)
+            ticks += 1
             count, rss = await asyncio.to_thread(_tree_usage, proc.pid)
-            if count > cfg.max_processes:
+            over = await asyncio.to_thread(_over_quota, build_dir, cfg) if build_dir and ticks % 4 == 0 else None
+            if over:
+                watch.update(reason="quota", detail=over + ": killed")
+            elif count > cfg.max_processes:
                 watch.update(reason="processes",
                              detail=f"more than {cfg.max_processes} processes (a fork bomb?): killed")
             elif not rlimit_as and rss > cfg.memory_limit_bytes:

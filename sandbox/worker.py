@@ -68,11 +68,12 @@ def main() -> int:
             inner += isolation.readonly_proc_sys()
             if iso.shm_bytes:
                 inner += isolation.mount_private_shm(iso.shm_bytes, 4096)
-            if req.mode == "run":  # everything a runner writes is bounded and goes with the step
+            if req.mode in ("run", "compile"):  # what answer code writes there is bounded, gone with the step
                 scratch = os.path.join(req.workdir, "scratch")
                 os.makedirs(scratch, exist_ok=True)
                 inner += isolation.mount_quota_dir(scratch, iso.dir_bytes, iso.dir_files) if iso.dir_bytes else []
-                inner += isolation.mount_overlay(req.build_dir, os.path.join(scratch, "build"))
+            if req.mode == "run":  # a run step's writes to the shared build dir land in its scratch
+                inner += isolation.mount_overlay(req.build_dir, os.path.join(req.workdir, "scratch", "build"))
         # a run step's runners add their own, narrower layer after the fork (sandbox/confine.py)
         inner += confine.confine_judge(req, scope=req.mode != "run")
         _write_all(conf_w, json.dumps(inner).encode())
