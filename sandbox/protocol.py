@@ -52,8 +52,9 @@ def load_module(source: str, name: str, directory: str | Path) -> ModuleType:
 
 def _is_build_failure(exc: BaseException) -> bool:
     text = f"{type(exc).__name__}: {exc}"
+    # "disallowed build argument": sandbox.flags refused a flag before anything was built
     markers = ("Error building extension", "ninja: build stopped", "CalledProcessError",
-               "CompilationError", "nvcc", "error: ")
+               "CompilationError", "nvcc", "error: ", "disallowed build argument")
     return any(m in text for m in markers)
 
 

@@ -61,9 +61,12 @@ _DENIED = (
     ("userfaultfd", 323, 282), ("mknod", 133, None), ("mknodat", 259, 33),
     ("sethostname", 170, 161), ("setdomainname", 171, 162), ("reboot", 169, 142),
     ("swapon", 167, 224), ("swapoff", 168, 225), ("open_by_handle_at", 304, 265),
+    # another process's I/O priority: the kernel checks only the uid (all of a step's are 0)
+    ("ioprio_set", 251, 30),
 )
 _SOCKET = {"x86_64": 41, "aarch64": 198}
 _CONNECT = {"x86_64": 42, "aarch64": 203}
+_PRLIMIT = {"x86_64": 302, "aarch64": 261}
 _AF_UNIX, _SOCK_STREAM, _SOCK_SEQPACKET, _SOCK_TYPE_MASK = 1, 1, 5, 0xF
 _CLONE = {"x86_64": 56, "aarch64": 220}
 _SETPRIORITY = {"x86_64": 141, "aarch64": 140}
@@ -120,7 +123,12 @@ def build_program(machine: str) -> list[tuple[int, int, int, int]]:
             prog.append((_JEQ_K, "deny", 0, entry[col]))
     prog += [(_JEQ_K, "socket", 0, _SOCKET[machine]), (_JEQ_K, "clone", 0, _CLONE[machine]),
              (_JEQ_K, "enosys", 0, _CLONE3), (_JEQ_K, "noent", 0, _CONNECT[machine]),
-             (_JEQ_K, "setpriority", 0, _SETPRIORITY[machine]), (_RET_K, 0, 0, _RET_ALLOW),
+             (_JEQ_K, "setpriority", 0, _SETPRIORITY[machine]), (_JEQ_K, "self_only", 0, _PRLIMIT[machine]),
+             (_RET_K, 0, 0, _RET_ALLOW),
+             # prlimit64 on itself only (pid 0, as setrlimit/getrlimit call it): every process of a step
+             # is uid 0, and the kernel checks only the uid for another's limits, not ptrace rights
+             # (the red team lowered its judge's RLIMIT_NOFILE through it)
+             "self_only", (_LD_W_ABS, 0, 0, _OFF_ARG0), (_JEQ_K, "allow", "deny", 0),
              "socket", (_LD_W_ABS, 0, 0, _OFF_ARG0), (_JEQ_K, "allow", 0, _AF_INET), (_JEQ_K, "allow", 0, _AF_INET6),
              (_JEQ_K, 0, "deny", _AF_UNIX),
              # a unix socket of the stream kinds only: a datagram one could send to a path without connect()

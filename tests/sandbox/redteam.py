@@ -284,22 +284,24 @@ class Answer(NamedTuple):
             (self.expected, self.flag)
 
 
-# Found by this red team on HEAD b874db4 (2026-12-04) and closed since in the working tree (the
-# compile step now applies confine_runner, /proc/sys is read-only, the run step's build dir is an
-# overlay that goes with the step): kept as notes, the answers now assert the closed state.
+# Found by this red team at b874db4 (2026-12-04) and closed since by 183b274 (the compile step now
+# applies confine_runner, /proc/sys is read-only, the run step's build dir is an overlay that goes
+# with the step): kept as notes; the answers assert the closed state.
 # What the compile-step probes showed: a compile step imports the answer in the judge, which
 # holds every capability root has, no seccomp filter, and Landlock write access to every existing
 # /proc file (sandbox/judge.py _compile_step; sandbox/confine.py confine_judge(scope=True) applies
 # only Landlock with proc_dir="/proc"; drop_privileges and install_filter run in confine_runner alone).
 COMPILE_STEP_HOLE = (
-    "(closed) a compile step (any answer whose text contains 'load_inline' or 'cpp_extension', even in a comment: "
-    "pool._needs_compile_step) imports the answer in the judge process, which confine_judge leaves with every "
-    "capability (CapEff 000001fffeffffff here), no seccomp filter and Landlock write access to every existing "
-    "/proc file: /proc/sys/kernel/core_pattern opens for writing (root code execution on the host at the next "
-    "core dump), and SCHED_FIFO, sched_setaffinity to every CPU, raising RLIMIT_AS, mknod in its work dir, "
-    "bpf() all succeed")
+    "(closed in 183b274) at b874db4 a compile step (any answer whose text contains 'load_inline' or "
+    "'cpp_extension', even in a comment: pool._needs_compile_step) imported the answer in the judge process, "
+    "which confine_judge left with every capability (CapEff 000001fffeffffff), no seccomp filter and Landlock "
+    "write access to every existing /proc file: /proc/sys/kernel/core_pattern, vm/drop_caches and "
+    "kernel/randomize_va_space opened for writing (core_pattern: a program of the answer's choosing run as root "
+    "on the host at its next core dump), SCHED_FIFO, sched_setaffinity to every CPU and mknod (char 1:3) in its "
+    "work dir succeeded; raising RLIMIT_AS was refused")
 BUILD_DIR_HOLE = (
-    "(closed) a run step's candidate may write its build dir (confine_runner's write roots: workdir, build_dir, /dev/shm); "
+    "(closed in 183b274) at b874db4 a run step's candidate could write its build dir (confine_runner's write "
+    "roots: workdir, build_dir, /dev/shm); "
     "the pool removes the work dir after the step but keeps cache/builds/<key>/ for good and checks its quota "
     "only after compile steps (pool._build/_over_quota), so a pure-Python answer leaves files of any size "
     "(RLIMIT_FSIZE 4 GiB each) in the shared cache; docs/sandbox.md says the build dir is writable by the "
@@ -494,7 +496,7 @@ ANSWERS: dict[str, Answer] = {
         "return x", prelude="import sandbox.runner as _r\n_r._aliasing = lambda outs, inputs: None\n", task="copy"),
         "correct", "degenerate_check", "copy task: returns the input itself after disabling the runner's own "
         "aliasing check (on a CPU the runner's copy-out is the work, and it is on the judge's clock)", task="copy",
-        max_speedup=_TIMED, on={"cuda": ("rule_violation", "output_aliases_input")}),
+        max_speedup=_TIMED, on={"cuda": ("rule_violation|runtime_error", None)}),   # the input's own IPC handle
     "A32_prlimit_starves_the_judges_sweep": _a(forward("""
         if not self.armed:
             self.armed = True
@@ -515,7 +517,7 @@ ANSWERS: dict[str, Answer] = {
         """, init="self.armed = False", task="matmul"), "runtime_error", None,
         "lowers the judge's RLIMIT_NOFILE (prlimit) so that its leftover sweep cannot open /proc, with 3 "
         "leftovers waiting to spin beside the reference's timing", task="matmul_sweep", ref_max_ratio=_TIMED,
-        error_needles=("Too many open files",), note=PRLIMIT_HOLE),
+        error_needles=("Operation not permitted",), note=PRLIMIT_HOLE),  # prlimit on the judge: EPERM now
     # ---- B: reads (issue 24) --------------------------------------------------------------------
     "B01_open_netrc": _a(probe("_try('open_netrc', lambda: _read($NETRC))\n"
                                "_try('open_ssh_key', lambda: _read($SSH_KEY))"),
@@ -626,26 +628,37 @@ ANSWERS: dict[str, Answer] = {
         _try('mknod_char', lambda: os.mknod('redteam-node', stat.S_IFCHR | 0o600, os.makedev(1, 3)))
         _try('open_dev_kmsg_w', lambda: open('/dev/kmsg', 'w'))
         _try('open_core_pattern_w', lambda: os.close(os.open('/proc/sys/kernel/core_pattern', os.O_WRONLY)))
-        caps = {k: int(v, 16) for k, _, v in (ln.partition(':') for ln in open('/proc/self/status')) if k.startswith('Cap')}
+        status = (ln.partition(':') for ln in open('/proc/self/status'))
+        caps = {k: int(v, 16) for k, _, v in status if k.startswith('Cap')}
         print('REDTEAM caps', caps, flush=True)
         if caps.get('CapEff') or caps.get('CapPrm') or caps.get('CapBnd'):
             _succeeded.append(f'capabilities {caps}')
         allowed = os.sched_getaffinity(0)
         every = set(range(os.cpu_count() or 1))
-        _try('sched_setaffinity_all', lambda: os.sched_setaffinity(0, every) if every != allowed else (_ for _ in ()).throw(OSError(1, 'one cpu box')))
+        def widen():
+            if every == allowed:
+                raise OSError(errno.EPERM, 'a one-CPU box: nothing to widen')
+            os.sched_setaffinity(0, every)
+        _try('sched_setaffinity_all', widen)
         seen = []
         def omp():
-            seen.append((sorted(os.sched_getaffinity(0)), _try('thread_setaffinity_all', lambda: os.sched_setaffinity(0, every))))
+            mine = sorted(os.sched_getaffinity(0))
+            seen.append((mine, _try('thread_setaffinity_all', lambda: os.sched_setaffinity(0, every))))
         ts = [threading.Thread(target=omp) for _ in range(4)]
         [t.start() for t in ts]; [t.join() for t in ts]
         if any(set(a) != allowed for a, _ in seen) or len(allowed) > 1:
             _succeeded.append(f'threads on {seen}, allowed {sorted(allowed)}')
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        _try('raise_rlimit_as', lambda: resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY)) if hard != resource.RLIM_INFINITY else (_ for _ in ()).throw(OSError(1, 'already unlimited')))
+        def raise_as():
+            if hard == resource.RLIM_INFINITY:
+                raise OSError(errno.EPERM, 'no limit to raise')
+            resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        _try('raise_rlimit_as', raise_as)
         _try('nice_minus_one', lambda: os.setpriority(os.PRIO_PROCESS, 0, -1))
         _try('bpf_map_create', lambda: _sys(321, 0, ctypes.addressof((ctypes.c_uint * 5)(2, 4, 4, 1, 0)), 20))
         _try('unshare_user', lambda: _sys(272, 0x10000000))
-        _try('mount_tmpfs', lambda: _sys(165, ctypes.addressof(ctypes.create_string_buffer(b'none')), ctypes.addressof(ctypes.create_string_buffer(b'/tmp')), ctypes.addressof(ctypes.create_string_buffer(b'tmpfs')), 0, 0))
+        src, target, fs = (ctypes.create_string_buffer(b) for b in (b'none', b'/tmp', b'tmpfs'))
+        _try('mount_tmpfs', lambda: _sys(165, *(ctypes.addressof(b) for b in (src, target, fs)), 0, 0))
         """), "correct", None, "sethostname, SCHED_FIFO, mknod, /dev/kmsg and /proc/sys writes, capabilities, "
         "CPU affinity (main + 4 OpenMP-like threads), RLIMIT_AS, nice -1, bpf, unshare, mount", group="C",
         log_needles=("REDTEAM sethostname: denied", "REDTEAM sched_fifo: denied", "REDTEAM mknod_char: denied",
@@ -727,7 +740,8 @@ ANSWERS: dict[str, Answer] = {
             if old:
                 _try(f'prlimit_set_same_pid{pid}', lambda: resource.prlimit(pid, resource.RLIMIT_NOFILE, old))
         """), "correct", None, "reads and (to the same values) sets the RLIMIT_NOFILE of the judge and the "
-        "reference runner with prlimit", group="C", hole=PRLIMIT_HOLE),
+        "reference runner with prlimit (closed: seccomp allows prlimit64 on itself only)", group="C",
+        note=PRLIMIT_HOLE),
 }
 
 # the answer of the victim evaluation that B08 reads (its work dir holds $VICTIM_SECRET meanwhile)
@@ -743,6 +757,36 @@ SHM_LOOKER = probe("""
     _try('sees_first_evaluations_files', look)
     """)
 
+
+# Statistical, so in no test: a stale-output cheat that watches for the judge's checks. A checked
+# timed call is followed by a longer gap before the next call (the judge runs the reference and
+# compares meanwhile); once it has seen a check on both input buffers (the "at least one per input
+# set"), it returns its last output for the rest of the calls, hoping the remaining ~10 % checks
+# miss. bench.redteam --adaptive N runs it N times on a compute-bound matmul (CPU, 2026-12-04: caught
+# 15 of 16 times, once neither caught nor faster, never credited).
+ADAPTIVE_TASK = (_TASK_HEAD + "    def forward(self, a, b):\n        return a @ b\n\n\n"
+                 "def get_inputs():\n    return [torch.randn(640, 640), torch.randn(640, 640)]\n\n\n"
+                 "def get_init_inputs():\n    return []\n")
+ADAPTIVE = forward("""
+    now = time.perf_counter()
+    gap = None if self.end is None else now - self.end
+    if gap is not None:
+        self.gaps.append(gap)
+        if gap < 1.6 * min(self.gaps) + 0.002:
+            self.timing = True            # an unchecked call just went by: the timing phase has begun
+        elif self.timing and self.prev is not None:
+            self.seen.add(self.prev)      # the previous call was checked: the judge ran the reference meanwhile
+    self.prev = a.data_ptr()
+    if self.timing and len(self.seen) >= 2 and self.last is not None:
+        out = self.last
+        print('REDTEAM stale', flush=True)
+    else:
+        out = torch.matmul(a, b)
+        self.last = out
+    self.end = time.perf_counter()
+    return out
+    """, init="self.end = None\nself.gaps = []\nself.timing = False\nself.seen = set()\nself.prev = None\n"
+              "self.last = None", task="matmul")
 
 def names(group: str | None = None) -> list[str]:
     return [n for n, a in ANSWERS.items() if group is None or a.group == group]
@@ -993,6 +1037,14 @@ async def run_group(pool: Any, site: Site, group_names: list[str], backend: str 
             if solo(name):
                 out[name] = await evaluate(pool, site, name, backend)
     return {n: out[n] for n in group_names}
+
+
+async def prime(pool: Any, backend: str = "cpu", tasks: tuple[str, ...] = ("relu", "tiny", "copy")) -> None:
+    """The reference times of the tasks the answers evaluated two at a time use, measured first with
+    nothing beside them (the pool caches one per task): their speedups then mean what they say."""
+    with one_core(backend == "cpu"):
+        for t in tasks:
+            await pool.evaluate(TASKS[t], CORRECT[t], backend, key=f"redteam-prime-{t}")
 
 async def _with_victim(pool: Any, site: Site, name: str, a: Answer, backend: str) -> tuple[Any, dict[str, Any]]:
     """The victim runs (its secret in its work dir from its constructor on, then a first call of 6 s);

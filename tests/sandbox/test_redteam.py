@@ -34,6 +34,7 @@ def site(tmp_path_factory):
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def pool(site):
     async with EvalPool(rt.config(site.cache)) as p:
+        await rt.prime(p)
         yield p
 
 
