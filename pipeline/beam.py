@@ -1,4 +1,4 @@
-"""Kevin's test-time beam search (DESIGN.md, "Evaluation and test-time search"), run by
+"""Kevin's test-time beam search (Kevin-32B, Cognition 2025; docs/evaluation.md), run by
 ``python -m pipeline.evaluate evaluate.search=beam``.
 
 Round 0: ``width`` fresh trajectories per task, ``turns_per_round`` turns each. After each round

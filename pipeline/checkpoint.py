@@ -112,11 +112,65 @@ def load_loop_state(path: str | Path) -> dict[str, Any]:
 
 
 def resolve_resume(resume: str, root: str | Path) -> Path | None:
-    """``resume``: never | auto (the latest under root, if any) | a checkpoint directory."""
+    """``resume``: never | auto or force (the latest under root, if any) | a checkpoint directory."""
     if resume in ("never", "", None):
         return None
-    if resume == "auto":
+    if resume in ("auto", "force"):
         return latest(root)
     path = Path(resume)
     load_loop_state(path)  # fails naming the path when it is not a checkpoint
     return path
+
+
+# Keys that may change between a run and its continuation: where output goes, how it is shown,
+# how long to run. Anything else changes what is trained, so resume=auto refuses it.
+RESUME_MAY_DIFFER = ("resume", "logger", "pipeline.progress", "pipeline.steps", "checkpoint.every",
+                     "checkpoint.keep_last", "checkpoint.at_end", "resources.placement_timeout_s",
+                     "resources.ray", "evaluate", "profile")
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix.rstrip("."): d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(flatten(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}": v})
+    return out
+
+
+def config_diff(saved: dict[str, Any], new: dict[str, Any],
+                may_differ: tuple[str, ...] = RESUME_MAY_DIFFER) -> list[str]:
+    """``key: saved -> new`` for every leaf that differs, outside ``may_differ`` (prefixes)."""
+    a, b = flatten(saved), flatten(new)
+    out = []
+    for key in sorted(set(a) | set(b)):
+        if any(key == p or key.startswith(p + ".") for p in may_differ):
+            continue
+        if a.get(key, "<absent>") != b.get(key, "<absent>"):
+            out.append(f"{key}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}")
+    return out
+
+
+class ResumeMismatch(ValueError):
+    """resume=auto found a checkpoint of a run configured differently."""
+
+
+def check_resume_config(resume: str, run_dir: str | Path, new: dict[str, Any]) -> list[str]:
+    """Compare the run dir's saved config.json with the new one before continuing its checkpoint.
+
+    ``auto`` raises :class:`ResumeMismatch` listing the differing keys; ``force`` returns them
+    (the caller prints them and continues). A run dir without config.json compares as equal."""
+    import json
+
+    path = Path(run_dir) / "config.json"
+    if resume not in ("auto", "force") or not path.exists():
+        return []
+    diff = config_diff(json.loads(path.read_text()), json.loads(json.dumps(new, default=str)))
+    if diff and resume == "auto":
+        shown = "\n  ".join(diff[:20]) + (f"\n  ... {len(diff) - 20} more" if len(diff) > 20 else "")
+        raise ResumeMismatch(
+            f"resume=auto: {run_dir} holds a checkpoint of a run with a different config, so it is "
+            f"not continued:\n  {shown}\nStart a fresh run in another dir (name=<new name> or "
+            f"hydra.run.dir=<dir>), overwrite this one (resume=never), or continue it with the new "
+            f"values anyway (resume=force).")
+    return diff

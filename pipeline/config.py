@@ -22,7 +22,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from pipeline.algorithms.config import AlgorithmConfig
 from pipeline.checkpoint import CheckpointConfig
 from pipeline.evaluate import EvaluateConfig
-from pipeline.loop import MODES, PipelineConfig
+from pipeline.loop import PipelineConfig
 from pipeline.metrics import LoggerConfig
 from pipeline.models.config import ModelConfig
 from pipeline.pools import ResourcesConfig
@@ -61,7 +61,22 @@ class Config:
     env: str = MISSING          # kernel | toy: which RewardEnv the samplers build
     name: str = MISSING         # run name (run dir, W&B run)
     profile: str = MISSING      # auto | laptop | full
-    resume: str = MISSING       # auto | never | <checkpoint dir>
+    resume: str = MISSING       # auto | force | never | <checkpoint dir> (pipeline/checkpoint.py)
+
+
+class ConfigError(ValueError):
+    """A bad configuration; the message names every bad key (the entry point prints it alone)."""
+
+
+RESUME_MODES = ("auto", "never", "force")
+
+
+def check_required(cfg: Any) -> None:
+    """Values without a default that the run needs, asked before anything reads them (OmegaConf
+    would otherwise stop at the first read with a traceback)."""
+    if OmegaConf.is_missing(cfg.model, "path"):
+        raise ConfigError("model.path is not set: model=local needs model.path=<a local Hugging Face "
+                          "checkpoint dir> (config.json, weights, tokenizer); it is never downloaded")
 
 
 def resolved_profile(root: Any) -> str:
@@ -106,8 +121,14 @@ def check(cfg: Any) -> None:
     """Semantic checks across groups; each message names the keys."""
     errors = [f"{key}: no such key in the schema (pipeline/config.py); check its spelling or group"
               for key in unknown_keys(OmegaConf.structured(Config), cfg)]
-    if cfg.pipeline.mode not in MODES:
-        errors.append(f"pipeline.mode={cfg.pipeline.mode!r}: expected one of {MODES}")
+    from pipeline.staleness import POLICIES, resolve_staleness
+
+    try:
+        resolve_staleness(cfg.pipeline.mode, cfg.pipeline.max_staleness)
+    except ValueError as e:
+        errors.append(str(e))
+    if cfg.pipeline.staleness_policy not in POLICIES:
+        errors.append(f"pipeline.staleness_policy={cfg.pipeline.staleness_policy!r}: expected one of {POLICIES}")
     if cfg.pipeline.steps < 1:
         errors.append(f"pipeline.steps={cfg.pipeline.steps}: expected >= 1")
     if cfg.pipeline.tasks_per_batch < 1:
@@ -144,8 +165,10 @@ def check(cfg: Any) -> None:
             fn(node)
         except (ValueError, FileNotFoundError) as e:
             errors.append(str(e))
+    if cfg.resume not in RESUME_MODES and not os.path.isdir(os.path.expanduser(str(cfg.resume))):
+        errors.append(f"resume={cfg.resume!r}: expected one of {RESUME_MODES} or a checkpoint directory")
     if errors:
-        raise ValueError("invalid configuration:\n  " + "\n  ".join(errors))
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
 
 
 def _check_model_path(model: Any) -> None:

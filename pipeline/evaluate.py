@@ -69,7 +69,20 @@ def evaluation_metrics(samples: list[Sample], turns: int, ks: list[int],
         for key, val in summarize(rows, ks, fast_ps).items():
             out[f"{key}/turns_{t}" if t < turns else key] = val
     out["eval/samples"] = float(len(samples))
+    out.update(score_summary(samples))
     return out
+
+
+def score_summary(samples: list[Sample]) -> dict[str, float]:
+    """The mean score a training run logs (critic/score/mean), over every held-out turn, and the
+    mean over tasks of each task's best score."""
+    if not samples:
+        return {}
+    best: dict[str, float] = {}
+    for s in samples:
+        best[s.task_id] = max(best.get(s.task_id, float("-inf")), float(s.score))
+    return {"eval/score/mean": sum(float(s.score) for s in samples) / len(samples),
+            "eval/score/best_mean": sum(best.values()) / len(best)}
 
 
 def _replace(node: Any, **values: Any) -> Any:
@@ -158,7 +171,8 @@ def run_samples(cfg: DictConfig, run_dir: str | Path) -> tuple[list[Sample], dic
         if started:
             ray.shutdown()
     if beam is not None:
-        metrics = beam_metrics(samples, beam, list(ev.ks), list(ev.fast_ps))
+        metrics = {**beam_metrics(samples, beam, list(ev.ks), list(ev.fast_ps)),
+                   **score_summary(samples)}
     else:
         metrics = evaluation_metrics(samples, rollout.turns, list(ev.ks), list(ev.fast_ps))
     run_dir = Path(run_dir)

@@ -19,24 +19,46 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import checkpoint
-from pipeline.config import Config, check, register, resolved_profile
+from pipeline.config import Config, ConfigError, check, check_required, register, resolved_profile
 
 register()
 
 
-def make_kernel_env(reward_cfg: Any, sandbox_cfg: Any) -> Any:
-    """Built inside each sampler actor: the kernel env and its own evaluation pool."""
+def make_kernel_env(reward_cfg: Any, sandbox_cfg: Any, eval_gpus: list[list[int]] | None = None,
+                    worker_index: int = 0) -> Any:
+    """Built inside each sampler actor: the kernel env and its own evaluation pool, timing on
+    the dedicated evaluation GPUs given to this worker when resources.evaluator.gpus > 0."""
     from rewards.env import KernelEnv
 
+    if eval_gpus:
+        sandbox_cfg = OmegaConf.merge(sandbox_cfg, {"gpu_ids": list(eval_gpus[worker_index])})
     return KernelEnv.from_config(reward_cfg, sandbox_cfg)
 
 
-def env_spec(cfg: Config) -> Any:
+def env_spec(cfg: Config, eval_gpus: list[list[int]] | None = None) -> Any:
     if cfg.env == "toy":
         return {"_target_": "rewards.toy.ToyEnv", "target": cfg.toy.target,
                 "n_tasks": cfg.toy.n_tasks, "n_holdout": cfg.toy.n_holdout,
                 "delay_s": cfg.toy.delay_s}
-    return functools.partial(make_kernel_env, cfg.reward, cfg.sandbox)
+    spec = functools.partial(_kernel_env_of_worker, cfg.reward, cfg.sandbox, eval_gpus)
+    spec.per_worker = True  # type: ignore[attr-defined]  # build_env passes the worker's index
+    return spec
+
+
+def _kernel_env_of_worker(reward_cfg: Any, sandbox_cfg: Any, eval_gpus: Any, worker_index: int) -> Any:
+    return make_kernel_env(reward_cfg, sandbox_cfg, eval_gpus, worker_index)
+
+
+def evaluator_gpus(pools: Any) -> list[list[int]] | None:
+    """Each sampler worker's share of the dedicated evaluation pool (None without one)."""
+    if pools.evaluator is None:
+        return None
+    from pipeline.pools import assign_evaluator_gpus, bundle_nodes, evaluator_gpu_ids
+
+    shares = assign_evaluator_gpus(bundle_nodes(pools.sampler), evaluator_gpu_ids(pools.evaluator))
+    print(f"[pipeline] evaluation pool: sampler worker i times kernels on GPUs {shares}[i]",
+          file=sys.stderr, flush=True)
+    return shares
 
 
 def banner(cfg: DictConfig, profile: str) -> str:
@@ -46,16 +68,25 @@ def banner(cfg: DictConfig, profile: str) -> str:
     if profile == "laptop":
         return (f"[pipeline] laptop profile (no GPU visible and model.path=tiny): tiny random "
                 f"Qwen2, {cfg.env} env on the {cfg.reward.backend if cfg.env == 'kernel' else 'toy'} "
-                f"backend, {size}, mode={p.mode}. On a cluster: model=local model.path=<HF dir> "
+                f"backend, {size}, {_schedule(p)}. On a cluster: model=local model.path=<HF dir> "
                 "resources=<split> (or profile=full).")
-    return f"[pipeline] full profile: model.path={cfg.model.path}, {size}, mode={p.mode}."
+    return f"[pipeline] full profile: model.path={cfg.model.path}, {size}, {_schedule(p)}."
+
+
+def _schedule(p: Any) -> str:
+    from pipeline.staleness import resolve_staleness, schedule_name
+
+    k = resolve_staleness(p.mode, p.max_staleness)
+    return f"max_staleness={k} ({schedule_name(k)})"
 
 
 class Session:
     """Everything one job builds; ``close`` tears it down in reverse order."""
 
-    def __init__(self, cfg: Config, run_dir: Path, resolved: dict[str, Any]) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, resolved: dict[str, Any],
+                 run_name: str | None = None, group: str | None = None) -> None:
         self.closers: list[Any] = []
+        self.run_name, self.group = run_name or str(cfg.name), group
         try:
             self._build(cfg, run_dir, resolved)
         except BaseException:
@@ -90,6 +121,9 @@ class Session:
 
         ckpt_root = run_dir / cfg.checkpoint.dir
         resume_dir = checkpoint.resolve_resume(cfg.resume, ckpt_root)
+        if cfg.resume == "never" and checkpoint.latest(ckpt_root) is not None:
+            print(f"[pipeline] resume=never: {ckpt_root} holds checkpoints of an earlier run; this "
+                  "run overwrites them step by step", file=sys.stderr, flush=True)
         state: dict[str, Any] = {}
         if resume_dir is not None:
             state = checkpoint.load_loop_state(resume_dir)
@@ -97,7 +131,8 @@ class Session:
             print(f"[pipeline] resuming from {resume_dir} at step {state['step'] + 1}", file=sys.stderr)
         self.start_step = state.get("step", -1) + 1
 
-        samplers = SamplerPool(cfg.model, cfg.rollout, env_spec(cfg), pool=pools.sampler,
+        samplers = SamplerPool(cfg.model, cfg.rollout, env_spec(cfg, evaluator_gpus(pools)),
+                               pool=pools.sampler,
                                gpu_memory_fraction=cfg.resources.sampler.gpu_memory_fraction
                                if shared else None, env_vars=env_vars)
         self.closers.append(samplers.shutdown)
@@ -114,9 +149,10 @@ class Session:
             cfg.pipeline.weight_sync, shared, on_gpu, shared_gpus=cfg.resources.trainer.gpus))
         tokenizer = load_tokenizer(cfg.model)
         tasks = ray.get(samplers.workers[0].tasks.remote(cfg.pipeline.task_split))
-        self.logger = MetricsLogger(cfg.logger, run_dir, run_name=f"{cfg.name}",
+        self.logger = MetricsLogger(cfg.logger, run_dir, run_name=self.run_name,
                                     resolved_config=resolved, resume=resume_dir is not None,
-                                    start_step=self.start_step)
+                                    start_step=self.start_step, group=self.group,
+                                    perf=perf_context(cfg, trainer.info, shared))
         self.closers.append(self.logger.close)
         rollout = cfg.rollout
         parts = LoopParts(
@@ -139,9 +175,32 @@ class Session:
                 print(f"[pipeline] teardown: {type(e).__name__}: {e}", file=sys.stderr)
 
 
-def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, float]:
-    """One job: returns the last step's metrics (empty when the run was already complete)."""
+def perf_context(cfg: Any, trainer_info: dict[str, Any] | None, colocated: bool) -> dict[str, Any]:
+    """What verl's perf/* metrics need: GPUs of the job, trainer GPUs, parameters, peak FLOP/s."""
+    from pipeline.metric_names import peak_flops
+
+    r = cfg.resources
+    info = trainer_info or {}
+    pools = max(r.sampler.gpus, r.trainer.gpus) if colocated else r.sampler.gpus + r.trainer.gpus
+    return {"gpus": pools + r.evaluator.gpus, "trainer_gpus": r.trainer.gpus,
+            "params": info.get("params"), "peak_flops": peak_flops(info.get("device_name"))}
+
+
+def quiet_progress(conf: Any) -> None:
+    """Progress bars only on a terminal: nested tqdm bars written to a log file are a garble of
+    carriage returns; the per-step console line says the same there."""
+    if conf.pipeline.progress and not sys.stderr.isatty():
+        conf.pipeline.progress = False
+        print("[pipeline] stderr is not a terminal: progress bars off (the [step N] lines remain)",
+              file=sys.stderr, flush=True)
+
+
+def run(cfg: DictConfig, run_dir: str | Path, run_name: str | None = None,
+        group: str | None = None) -> dict[str, float]:
+    """One job: returns the last step's metrics (empty when the run was already complete).
+    ``run_name``/``group``: the W&B run's (a sweep job's, pipeline/wandb_setup.sweep_names)."""
     run_dir = Path(run_dir)
+    check_required(cfg)
     profile = resolved_profile(cfg)
     print(banner(cfg, profile), file=sys.stderr, flush=True)
     OmegaConf.resolve(cfg)
@@ -150,7 +209,12 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, float]:
     # may hold MISSING values (e.g. rollout.engine.vllm under the hf engine)
     conf: Any = cfg
     check(conf)
-    session = Session(conf, run_dir, resolved)
+    if checkpoint.resolve_resume(conf.resume, run_dir / conf.checkpoint.dir) is not None:
+        # before Ray or a model starts: a changed override must not continue the old run silently
+        for line in checkpoint.check_resume_config(conf.resume, run_dir, resolved):
+            print(f"[pipeline] resume=force, differs from the saved config: {line}", file=sys.stderr)
+    quiet_progress(conf)
+    session = Session(conf, run_dir, resolved, run_name=run_name, group=group)
     try:
         if session.start_step >= conf.pipeline.steps:
             print(f"[pipeline] {run_dir} already holds all {conf.pipeline.steps} steps", file=sys.stderr)
@@ -184,7 +248,16 @@ def lost_actor_message(e: BaseException, run_dir: Path, conf: Any) -> str:
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float:
-    last = run(cfg, HydraConfig.get().runtime.output_dir)
+    from pipeline.wandb_setup import sweep_names
+
+    hc = HydraConfig.get()
+    name, group = sweep_names(str(cfg.name), hc)
+    try:
+        last = run(cfg, hc.runtime.output_dir, run_name=name, group=group)
+    except (ConfigError, checkpoint.ResumeMismatch) as e:
+        # the message names every key: a traceback would only bury it
+        print(f"[pipeline] {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
     return float(last.get("reward/mean", 0.0))
 
 

@@ -1,11 +1,11 @@
-"""Per-step metrics from samples (score/*, hack/*, sandbox/*), and where they go: the console,
-``metrics.jsonl`` in the run dir (every scalar, one line per step) and W&B (online when
-WANDB_API_KEY is set, offline otherwise; ``logger=console`` turns it off)."""
+"""Per-step metrics from samples (score/*, hack/*, sandbox/*, prompt_length/*), and where they go:
+the console, ``metrics.jsonl`` in the run dir (every scalar, one line per step) and W&B
+(``logger.mode``, pipeline/wandb_setup.py; ``logger=console`` turns it off). Names are renamed to
+the logged ones (verl's where verl has the quantity, pipeline/metric_names.py) on the way out."""
 from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -26,7 +26,9 @@ class LoggerConfig:
     entity: str | None = MISSING
     group: str | None = MISSING
     tags: list[str] = field(default_factory=lambda: MISSING)
-    mode: str = MISSING              # auto (online with WANDB_API_KEY, else offline) | online | offline
+    # auto (WANDB_MODE, else online with WANDB_API_KEY or a stored `wandb login`, else offline)
+    # | online | offline | disabled
+    mode: str = MISSING
     table_every: int = MISSING       # episode table every k steps (0: never)
     table_rows: int = MISSING
     timeline_every: int = MISSING    # timeline image every k steps (0: only at the end)
@@ -51,6 +53,12 @@ def score_metrics(samples: list[Sample]) -> dict[str, float]:
     out["score/fast_1"] = sum(1 for x in speedups if x > 1.0) / n
     out["score/mean"] = _mean([s.score for s in samples])
     out["score/max"] = max(s.score for s in samples)
+    out["score/min"] = min(s.score for s in samples)
+    # verl's length statistics (tokens; the prompt includes the episode's history)
+    prompts = [float(len(s.prompt_ids)) for s in samples]
+    responses = [float(len(s.response_ids)) for s in samples]
+    out.update({"prompt_length/mean": _mean(prompts), "prompt_length/max": max(prompts),
+                "prompt_length/min": min(prompts), "response_length/min": min(responses)})
     out["sample/error_frac"] = sum(1 for s in samples if s.error) / n
     hacks: dict[str, int] = {}
     for d in o:
@@ -110,8 +118,12 @@ def _lines_before(path: Path, step: int) -> list[str]:
 
 
 class MetricsLogger:
+    """``perf``: what verl's perf/* need (pipeline/metric_names.to_logged); ``group`` overrides
+    ``logger.group`` (a sweep's jobs share one)."""
+
     def __init__(self, cfg: LoggerConfig, run_dir: str | Path, run_name: str,
-                 resolved_config: dict[str, Any], resume: bool = False, start_step: int = 0) -> None:
+                 resolved_config: dict[str, Any], resume: bool = False, start_step: int = 0,
+                 group: str | None = None, perf: dict[str, Any] | None = None) -> None:
         unknown = [b for b in cfg.backends if b not in BACKENDS]
         if unknown:
             raise ValueError(f"logger.backends has {unknown}: expected a subset of {BACKENDS}")
@@ -125,33 +137,56 @@ class MetricsLogger:
             self.jsonl = open(path, "w")
             # steps logged after the checkpoint we resume from are run again: drop their lines
             self.jsonl.writelines(kept)
+        self.perf = dict(perf or {})
         self.wandb = None
+        self.wandb_mode: str | None = None
         if "wandb" in cfg.backends:
-            import wandb
-
-            mode = cfg.mode
-            if mode == "auto":
-                mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
-            run_id_file = self.run_dir / "wandb_run_id"
-            run_id = run_id_file.read_text().strip() if resume and run_id_file.exists() else None
-            self.wandb = wandb.init(
-                project=cfg.project, entity=cfg.entity, group=cfg.group, tags=list(cfg.tags),
-                name=run_name, dir=str(self.run_dir), config=resolved_config, mode=mode,
-                id=run_id, resume="allow" if run_id else None, reinit="finish_previous")
-            run_id_file.write_text(self.wandb.id)
+            self.wandb = self._init_wandb(run_name, resolved_config, resume, cfg.group or group)
         with open(self.run_dir / "config.json", "w") as f:
             json.dump(resolved_config, f, indent=1, default=str)
 
+    def _init_wandb(self, run_name: str, resolved_config: dict[str, Any], resume: bool,
+                    group: str | None) -> Any:
+        import wandb
+
+        from pipeline.wandb_setup import offline_line, resolve_mode
+
+        cfg = self.cfg
+        mode, why = resolve_mode(cfg.mode)
+        run_id_file = self.run_dir / "wandb_run_id"
+        run_id = run_id_file.read_text().strip() if resume and run_id_file.exists() else None
+        kw = dict(project=cfg.project, entity=cfg.entity, group=group, tags=list(cfg.tags),
+                  name=run_name, dir=str(self.run_dir), config=resolved_config, id=run_id,
+                  resume="allow" if run_id else None, reinit="finish_previous")
+        try:
+            run = wandb.init(mode=mode, **kw)
+        except Exception as e:
+            if cfg.mode != "auto" or mode != "online":
+                raise
+            # auto found credentials but W&B cannot be reached (no network, revoked key): the
+            # run goes on offline rather than stopping a job that may have waited for its nodes
+            mode, why = "offline", f"online failed: {type(e).__name__}"
+            run = wandb.init(mode=mode, **kw)
+        if mode == "offline":
+            print(offline_line(self.run_dir, why), file=sys.stderr, flush=True)
+        self.wandb_mode = mode
+        if getattr(run, "id", None):
+            run_id_file.write_text(run.id)
+        return run
+
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+        from pipeline.metric_names import console_key, to_logged
+
+        scalars = to_logged(metrics, self.perf)
         if self.jsonl is not None:
             self.jsonl.write(json.dumps({"step": step, **scalars}) + "\n")
             self.jsonl.flush()
         if self.wandb is not None:
             self.wandb.log(scalars, step=step)
         if "console" in self.cfg.backends:
-            keys = [k for k in self.cfg.console_keys if k in scalars]
-            line = "  ".join(f"{k.split('/')[-1]}={scalars[k]:.4g}" for k in keys)
+            keys = [console_key(k) for k in self.cfg.console_keys]
+            # full names: the last part alone is ambiguous (timing_s/step printed as step=)
+            line = "  ".join(f"{k}={scalars[k]:.4g}" for k in dict.fromkeys(keys) if k in scalars)
             from tqdm import tqdm
 
             tqdm.write(f"[step {step}] {line}", file=sys.stderr)  # above any progress bar

@@ -1,4 +1,5 @@
-"""Static split of the Ray cluster into a sampler pool and a trainer pool (placement groups).
+"""Static split of the Ray cluster into a sampler pool, a trainer pool and, optionally, a
+dedicated evaluation pool (placement groups).
 
 Each pool is one placement group of identical bundles: one bundle per sampler worker (its GPUs
 for a tensor-parallel engine, or none on CPU) and one bundle per trainer rank (one GPU, or none
@@ -8,6 +9,11 @@ each bundle then takes a fraction of a GPU and the engine/trainer cap their memo
 
 ``plan_pools`` is pure (cluster resources in, bundle lists out) so the placement arithmetic is
 testable without Ray; ``create_pools`` reserves the groups and waits for them.
+
+The kernel evaluator (sandbox) runs inside each sampler worker. With ``resources.evaluator.gpus
+= 0`` it times kernels on the GPUs that worker sees (the engine's); with N > 0 a third placement
+group reserves N whole GPUs that no engine or trainer rank gets, and each sampler worker's
+evaluator is given the pool's GPUs on its own node (:func:`assign_evaluator_gpus`).
 """
 from __future__ import annotations
 
@@ -36,6 +42,12 @@ class TrainerResources:
 
 
 @dataclass
+class EvaluatorResources:
+    gpus: int = MISSING              # dedicated evaluation GPUs (0: the sampler workers' own GPUs)
+    cpus_per_gpu: float = MISSING    # CPUs reserved with each of them (compiles run on the host)
+
+
+@dataclass
 class RayInit:
     address: str | None = MISSING    # null: start a local cluster; "auto" or host:port: join one
     num_cpus: int | None = MISSING   # local cluster only; null: what the machine has
@@ -48,6 +60,7 @@ class RayInit:
 class ResourcesConfig:
     sampler: SamplerResources = field(default_factory=SamplerResources)
     trainer: TrainerResources = field(default_factory=TrainerResources)
+    evaluator: EvaluatorResources = field(default_factory=EvaluatorResources)
     ray: RayInit = field(default_factory=RayInit)
     strategy: str = MISSING          # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD (Ray placement)
     colocate: str = MISSING          # auto | always | never: share GPUs between the pools
@@ -71,6 +84,7 @@ class PoolPlan:
     colocated: bool
     sampler_gpus_per_worker: float
     trainer_gpu_per_rank: float
+    evaluator_bundles: list[dict[str, float]] = field(default_factory=list)
 
     @property
     def n_samplers(self) -> int:
@@ -88,7 +102,9 @@ def plan_pools(cfg: ResourcesConfig, cluster: dict[str, float]) -> PoolPlan:
         raise ValueError(f"resources.strategy={cfg.strategy!r}: expected one of {STRATEGIES}")
     if cfg.colocate not in COLOCATE:
         raise ValueError(f"resources.colocate={cfg.colocate!r}: expected one of {COLOCATE}")
-    for key, val in (("resources.sampler.gpus", s.gpus), ("resources.trainer.gpus", t.gpus)):
+    e = cfg.evaluator
+    for key, val in (("resources.sampler.gpus", s.gpus), ("resources.trainer.gpus", t.gpus),
+                     ("resources.evaluator.gpus", e.gpus)):
         if val < 0:
             raise ValueError(f"{key}={val}: expected >= 0")
     if s.gpus > 0 and (s.gpus_per_worker < 1 or s.gpus % s.gpus_per_worker):
@@ -104,6 +120,11 @@ def plan_pools(cfg: ResourcesConfig, cluster: dict[str, float]) -> PoolPlan:
 
     have_gpus = float(cluster.get("GPU", 0.0))
     have_cpus = float(cluster.get("CPU", 0.0))
+    if e.gpus > have_gpus + 1e-9:
+        raise PoolsDoNotFit(f"resources.evaluator.gpus={e.gpus} GPUs requested, but the Ray cluster "
+                            f"has {have_gpus:g}")
+    # evaluation GPUs are whole and never shared: the two other pools split what is left
+    have_gpus -= e.gpus
     want_gpus = s.gpus + t.gpus
     colocated = False
     if want_gpus > have_gpus + 1e-9:
@@ -119,10 +140,11 @@ def plan_pools(cfg: ResourcesConfig, cluster: dict[str, float]) -> PoolPlan:
                     if cfg.colocate == "auto" and shareable else
                     " (resources.colocate=never forbids sharing GPUs between the pools)"
                     if cfg.colocate == "never" and shareable else "")
+            held = f" after resources.evaluator.gpus={e.gpus}" if e.gpus else ""
             raise PoolsDoNotFit(
                 f"resources.sampler.gpus={s.gpus} + resources.trainer.gpus={t.gpus} = {want_gpus} "
-                f"GPUs requested, but the Ray cluster has {have_gpus:g}{hint}. Lower them, or give "
-                "resources.ray.address of a larger cluster.")
+                f"GPUs requested, but the Ray cluster has {have_gpus:g}{held}{hint}. Lower them, or "
+                "give resources.ray.address of a larger cluster.")
     elif cfg.colocate == "always" and s.gpus > 0 and t.gpus > 0:
         colocated = True
 
@@ -153,17 +175,22 @@ def plan_pools(cfg: ResourcesConfig, cluster: dict[str, float]) -> PoolPlan:
         else:
             ranks, trainer_bundle, t_gpr = t.cpu_ranks, {"CPU": t.cpus_per_rank}, 0.0
 
-    want_cpus = n_samplers * sampler_bundle["CPU"] + ranks * trainer_bundle["CPU"]
+    eval_bundles = [{"GPU": 1.0, "CPU": float(e.cpus_per_gpu)} for _ in range(e.gpus)]
+    want_cpus = (n_samplers * sampler_bundle["CPU"] + ranks * trainer_bundle["CPU"]
+                 + sum(b["CPU"] for b in eval_bundles))
     if want_cpus > have_cpus + 1e-9:
+        extra = (f" + {e.gpus} evaluator GPUs x resources.evaluator.cpus_per_gpu={e.cpus_per_gpu}"
+                 if e.gpus else "")
         raise PoolsDoNotFit(
             f"{n_samplers} sampler workers x resources.sampler.cpus_per_worker="
             f"{s.cpus_per_worker} + {ranks} trainer ranks x resources.trainer.cpus_per_rank="
-            f"{t.cpus_per_rank} = {want_cpus:g} CPUs requested, but the Ray cluster has "
+            f"{t.cpus_per_rank}{extra} = {want_cpus:g} CPUs requested, but the Ray cluster has "
             f"{have_cpus:g} (resources.ray.cpu_oversubscribe raises a local cluster's count)")
     return PoolPlan(
         sampler_bundles=[dict(sampler_bundle) for _ in range(n_samplers)],
         trainer_bundles=[dict(trainer_bundle) for _ in range(ranks)],
-        colocated=colocated, sampler_gpus_per_worker=s_gpw, trainer_gpu_per_rank=t_gpr)
+        colocated=colocated, sampler_gpus_per_worker=s_gpw, trainer_gpu_per_rank=t_gpr,
+        evaluator_bundles=eval_bundles)
 
 
 @dataclass
@@ -193,11 +220,14 @@ class Pools:
     plan: PoolPlan
     sampler: Pool
     trainer: Pool
+    evaluator: Pool | None = None
 
     def remove(self) -> None:
         from ray.util.placement_group import remove_placement_group
 
-        for pool in (self.sampler, self.trainer):
+        for pool in (self.sampler, self.trainer, self.evaluator):
+            if pool is None:
+                continue
             try:
                 remove_placement_group(pool.placement_group)
             except Exception:  # already gone with the cluster
@@ -214,7 +244,10 @@ def create_pools(cfg: ResourcesConfig) -> Pools:
     plan = plan_pools(cfg, ray.cluster_resources())
     groups = {}
     tag = uuid.uuid4().hex[:8]  # group names are cluster-wide: several jobs may share a cluster
-    for name, bundles in (("sampler", plan.sampler_bundles), ("trainer", plan.trainer_bundles)):
+    named = [("sampler", plan.sampler_bundles), ("trainer", plan.trainer_bundles)]
+    if plan.evaluator_bundles:
+        named.append(("evaluator", plan.evaluator_bundles))
+    for name, bundles in named:
         pg = placement_group(bundles, strategy=cfg.strategy, name=f"{name}_pool_{tag}")
         groups[name] = Pool(name, bundles, pg)
     for pool in groups.values():
@@ -225,7 +258,55 @@ def create_pools(cfg: ResourcesConfig) -> Pools:
                 f"within resources.placement_timeout_s={cfg.placement_timeout_s}: the cluster's "
                 f"free resources are {ray.available_resources()}; with resources.strategy="
                 f"{cfg.strategy} the bundles may not fit per node")
-    return Pools(plan, groups["sampler"], groups["trainer"])
+    return Pools(plan, groups["sampler"], groups["trainer"], groups.get("evaluator"))
+
+
+def bundle_nodes(pool: Pool) -> list[str]:
+    """The node id each bundle of a reserved pool was placed on."""
+    from ray.util.placement_group import placement_group_table
+
+    table = placement_group_table(pool.placement_group)["bundles_to_node_id"]
+    return [table[i] for i in range(len(pool.bundles))]
+
+
+def evaluator_gpu_ids(pool: Pool) -> list[tuple[str, int]]:
+    """(node id, GPU index) of each evaluation bundle, as Ray assigned them (a task per bundle
+    asks; it ends at once, the bundle stays reserved so nothing else is placed there)."""
+    import ray
+
+    @ray.remote(num_gpus=1, num_cpus=0)
+    def where() -> tuple[str, list[Any]]:
+        return ray.get_runtime_context().get_node_id(), list(ray.get_gpu_ids())
+
+    refs = [where.options(**{**pool.actor_options(i), "num_gpus": 1, "num_cpus": 0}).remote()
+            for i in range(len(pool))]
+    out = []
+    for node, ids in ray.get(refs):
+        out += [(node, int(g)) for g in ids]
+    return out
+
+
+def assign_evaluator_gpus(sampler_nodes: list[str], eval_gpus: list[tuple[str, int]]) -> list[list[int]]:
+    """GPU ids for each sampler worker's evaluator: the evaluation GPUs of its node, split into
+    disjoint shares when the node has at least as many as workers (else shared round-robin)."""
+    by_node: dict[str, list[int]] = {}
+    for node, gpu in eval_gpus:
+        by_node.setdefault(node, []).append(gpu)
+    workers_on: dict[str, list[int]] = {}
+    for i, node in enumerate(sampler_nodes):
+        workers_on.setdefault(node, []).append(i)
+    out: list[list[int]] = [[] for _ in sampler_nodes]
+    for node, workers in workers_on.items():
+        gpus = sorted(by_node.get(node, []))
+        if not gpus:
+            raise PoolsDoNotFit(
+                f"resources.evaluator.gpus: no evaluation GPU was placed on the node of sampler "
+                f"worker(s) {workers}; their evaluator runs in the worker, so each sampler node "
+                f"needs its own (raise resources.evaluator.gpus, or resources.strategy=STRICT_PACK "
+                f"on one node)")
+        for k, w in enumerate(workers):
+            out[w] = (gpus[k::len(workers)] if len(gpus) >= len(workers) else [gpus[k % len(gpus)]])
+    return out
 
 
 def init_ray(cfg: ResourcesConfig, runtime_env: dict[str, Any] | None = None) -> bool:

@@ -48,8 +48,9 @@ from pipeline.weight_sync import WeightReceiverMixin
 from rewards.interface import RewardEnv, TaskRef
 
 
-def build_env(spec: Any) -> RewardEnv:
-    """A RewardEnv from a ``_target_`` mapping, an import string, or a factory callable."""
+def build_env(spec: Any, worker_index: int = 0) -> RewardEnv:
+    """A RewardEnv from a ``_target_`` mapping, an import string, or a factory callable (one
+    marked ``per_worker = True`` is given the worker's index: e.g. its own evaluation GPUs)."""
     if isinstance(spec, str):
         module, _, name = spec.partition(":") if ":" in spec else spec.rpartition(".")
         try:
@@ -58,7 +59,7 @@ def build_env(spec: Any) -> RewardEnv:
             raise ValueError(f"env={spec!r}: expected an importable 'module:Class' ({e})") from e
         return factory()
     if callable(spec):
-        return spec()
+        return spec(worker_index) if getattr(spec, "per_worker", False) else spec()
     if isinstance(spec, Mapping) or hasattr(spec, "_target_") or _is_dictconfig(spec):
         from hydra.utils import instantiate
 
@@ -106,7 +107,7 @@ class SamplerWorker(WeightReceiverMixin):
         else:
             source, self.tokenizer = load_model_and_tokenizer(model_cfg)
         self.engine = make_engine(self.cfg.engine, source, self.tokenizer)
-        self.env = build_env(env_spec)
+        self.env = build_env(env_spec, worker_index)
         self.last_stats = BatchStats()
         self.batches = 0
         # What exists now (torch, transformers, Ray, the model: ~400k objects) lives as long as the

@@ -4,10 +4,15 @@ bar chart (matplotlib, headless) and queried for overlap (the one-off schedule's
 Lanes: ``sampler`` (gen: first prompt in to last token out of a batch), ``reward`` (union of the
 per-sample evaluation intervals, last token of a sample -> its score), ``trainer`` (train) and
 ``sync`` (weight push).
+
+``python -m pipeline.timeline RUN_DIR`` redraws ``timeline.png`` from ``timeline.jsonl`` and
+prints each step's times from ``metrics.jsonl`` under their logged names (``timing_s/*``, verl's;
+a run logged before the rename, under ``timing/*``, reads the same).
 """
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
@@ -109,3 +114,43 @@ class Timeline:
         fig.savefig(path, dpi=110)
         plt.close(fig)
         return path
+
+
+# lane -> the logged metric (docs/metrics.md) that times it, and the pre-rename name
+LANE_METRICS = {"sampler": ("timing_s/gen", "timing/gen"), "reward": ("timing_s/reward", "timing/reward_tail"),
+                "trainer": ("timing_s/train", "timing/train"),
+                "sync": ("timing_s/update_weights", "timing/weight_sync"),
+                "step": ("timing_s/step", "timing/step")}
+
+
+def step_timings(line: dict[str, float]) -> dict[str, float]:
+    """Seconds per lane (and the whole step) of one metrics.jsonl line."""
+    out = {}
+    for lane, (name, old) in LANE_METRICS.items():
+        if name in line or old in line:
+            out[lane] = float(line.get(name, line.get(old, 0.0)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m pipeline.timeline RUN_DIR", file=sys.stderr)
+        return 2
+    run_dir = Path(args[0])
+    spans, metrics = run_dir / "timeline.jsonl", run_dir / "metrics.jsonl"
+    if not spans.exists() and not metrics.exists():
+        print(f"{run_dir}: neither timeline.jsonl nor metrics.jsonl (is it a run dir?)", file=sys.stderr)
+        return 2
+    if spans.exists():
+        print(Timeline.from_jsonl(spans).draw(run_dir / "timeline.png", title=str(run_dir)))
+    if metrics.exists():
+        for text in metrics.read_text().splitlines():
+            line = json.loads(text)
+            times = "  ".join(f"{k}={v:.2f}s" for k, v in step_timings(line).items())
+            print(f"step {int(line.get('step', -1))}: {times}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -57,6 +57,9 @@ class TrainerGroup:
                                             loss_scale_factor))
         per_rank = ray.get(refs)
         out = dict(per_rank[0])
+        for key in ("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb"):
+            if key in out:
+                out[key] = max(r[key] for r in per_rank)
         wall = time.perf_counter() - t0
         out["perf/train_tokens_per_s"] = out["actor/tokens"] / wall if wall > 0 else 0.0
         out["actor/samples"] = float(len(lengths))

@@ -85,7 +85,9 @@ class TrainerWorker:
         if resume_dir:
             self._load_optimizer(resume_dir)
         return {"backend": backend, "device": str(self.device),
-                "params": sum(p.numel() for p in self.model.parameters())}
+                "params": sum(p.numel() for p in self.model.parameters()),
+                # for perf/mfu/actor: the peak FLOP/s of this GPU model (pipeline/metric_names.py)
+                "device_name": torch.cuda.get_device_name(self.device) if self.on_gpu else None}
 
     def _build_model(self, resume_dir: str | None) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
@@ -182,6 +184,7 @@ class TrainerWorker:
                    global_tokens: list[int], loss_scale_factor: int | None = None) -> dict[str, float]:
         """``loss_scale_factor``: Dr. GRPO's constant (the step's max response length)."""
         from pipeline.algorithms import policy_loss, tis_weights
+        from pipeline.staleness import MismatchStats
 
         t0 = time.perf_counter()
         filler = torch.tensor(plan.filler, dtype=torch.bool)
@@ -204,6 +207,7 @@ class TrainerWorker:
                         mb, logp, _ = self._log_probs({k: shard[k][idx] for k in BATCH_KEYS}, False)
                         old[idx, :logp.shape[1]] = logp.float().cpu()
         sums: dict[str, float] = {}
+        mismatch = MismatchStats()  # sampler vs trainer log-probs of the same tokens (pipeline/staleness.py)
         grad_norms: list[float] = []
         tokens = 0
         for m, mini in enumerate(plan.mini_batches):
@@ -219,6 +223,9 @@ class TrainerWorker:
                     continue
                 on_policy = m == 0 and mode != "bypass"
                 old_mb = logp.detach().float() if on_policy else old[idx, :r].to(self.device)
+                if m == 0 or mode != "bypass":  # the trainer's pre-update log-probs are at hand
+                    mismatch.add(old_mb if m else logp.detach(),
+                                 mb["sampler_log_probs"][:, :r].to(self.device), mask)
                 is_w = None
                 if mode == "tis":
                     is_w = tis_weights(old_mb, mb["sampler_log_probs"][:, :r].to(self.device).float(),
@@ -243,18 +250,25 @@ class TrainerWorker:
             self.optim_steps += 1
         # the per-rank weighted shares add up to the global means
         keys = sorted(sums)
-        vec = torch.tensor([sums[k] for k in keys] + [float(tokens)], dtype=torch.float64)
+        vec = torch.tensor([sums[k] for k in keys] + mismatch.as_vector() + [float(tokens)],
+                           dtype=torch.float64)
+        gap_max = torch.tensor([mismatch.abs_max], dtype=torch.float64)
         if self.world_size > 1:
-            dev_vec = vec.to(self.device)
+            dev_vec, dev_max = vec.to(self.device), gap_max.to(self.device)
             dist.all_reduce(dev_vec)
-            vec = dev_vec.cpu()
+            dist.all_reduce(dev_max, op=dist.ReduceOp.MAX)
+            vec, gap_max = dev_vec.cpu(), dev_max.cpu()
         out = {k: float(vec[i]) for i, k in enumerate(keys)}
+        out.update(MismatchStats.metrics(vec[len(keys):-1].tolist(), float(gap_max[0])))
         out["actor/grad_norm"] = sum(grad_norms) / len(grad_norms)
         out["actor/grad_norm_max"] = max(grad_norms)
         out["actor/lr"] = float(self.scheduler.get_last_lr()[0])
         out["actor/optim_steps"] = float(self.optim_steps)
         out["actor/tokens"] = float(vec[-1])
         out["actor/rank_time_s"] = time.perf_counter() - t0
+        if self.on_gpu:  # verl's memory metrics (the group keeps the largest rank's)
+            out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            out["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(self.device) / 2**30
         return out
 
     # ---- weights out -------------------------------------------------------------------

@@ -1,0 +1,161 @@
+"""W&B mode/group/name decisions, verl's metric names on the way out, the console line, and the
+timeline reading the logged names. W&B itself is replaced by a recorder (never a server)."""
+import json
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+from omegaconf import OmegaConf
+
+from pipeline.metric_names import logged_name, peak_flops, to_logged
+from pipeline.metrics import LoggerConfig, MetricsLogger, score_metrics
+from pipeline.sample import Sample
+from pipeline.timeline import main as timeline_main, step_timings
+from pipeline.wandb_setup import has_stored_login, resolve_mode, sweep_names
+from tests.pipeline.test_e2e import CONF
+
+
+def test_auto_mode_honours_wandb_mode_then_key_then_stored_login(tmp_path):
+    home = {"HOME": str(tmp_path)}
+    assert resolve_mode("auto", {**home, "WANDB_MODE": "online"})[0] == "online"
+    assert resolve_mode("auto", {**home, "WANDB_MODE": "dryrun", "WANDB_API_KEY": "k"})[0] == "offline"
+    assert resolve_mode("auto", {**home, "WANDB_MODE": "disabled"})[0] == "disabled"
+    assert resolve_mode("auto", {**home, "WANDB_API_KEY": "k"})[0] == "online"
+    assert resolve_mode("auto", home) == ("offline", "no WANDB_MODE, WANDB_API_KEY or stored login")
+    # what `wandb login` writes; the key must not reach the reason that gets printed
+    (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password SECRETKEY123\n")
+    assert has_stored_login(home)
+    mode, why = resolve_mode("auto", home)
+    assert mode == "online" and "wandb login" in why and "SECRETKEY123" not in why
+    assert not has_stored_login({**home, "WANDB_BASE_URL": "https://wandb.example.org"})
+    (tmp_path / ".netrc").write_text("machine ??? garbage")  # malformed: as if absent
+    assert resolve_mode("auto", home)[0] == "offline"
+    # an explicit logger.mode is taken as written
+    assert resolve_mode("offline", {**home, "WANDB_MODE": "online"})[0] == "offline"
+    with pytest.raises(ValueError, match="logger.mode='cloud'"):
+        resolve_mode("cloud", home)
+    with pytest.raises(ValueError, match="WANDB_MODE='sometimes'"):
+        resolve_mode("auto", {**home, "WANDB_MODE": "sometimes"})
+
+
+def _hydra(mode, overrides, num=0):
+    from hydra.types import RunMode
+
+    return SimpleNamespace(mode=getattr(RunMode, mode), overrides=SimpleNamespace(task=overrides),
+                           job=SimpleNamespace(num=num), sweep=SimpleNamespace(dir="runs/toy-sweep"))
+
+
+def test_sweep_jobs_get_a_group_and_names_with_their_overrides():
+    assert sweep_names("toy", _hydra("RUN", ["pipeline.steps=1"])) == ("toy", None)
+    name, group = sweep_names("toy", _hydra("MULTIRUN", ["+experiment=toy", "algorithm.gamma=0.4",
+                                                         "hydra.sweep.dir=x"], 1))
+    assert name == "toy:algorithm.gamma=0.4" and group == "toy-sweep"
+    assert sweep_names("toy", _hydra("MULTIRUN", [], 3))[0] == "toy:3"
+
+
+class FakeWandb(types.ModuleType):
+    def __init__(self, fail_online=False):
+        super().__init__("wandb")
+        self.inits, self.logged, self.fail_online = [], [], fail_online
+
+    def init(self, **kw):
+        self.inits.append(kw)
+        if self.fail_online and kw["mode"] == "online":
+            raise ConnectionError("no route to api.wandb.ai")
+        fake = self
+        return SimpleNamespace(id="run123", log=lambda d, step: fake.logged.append((step, d)),
+                               finish=lambda: None)
+
+
+def logger_cfg(**kw):
+    cfg = OmegaConf.merge(OmegaConf.structured(LoggerConfig), OmegaConf.load(CONF / "logger" / "wandb.yaml"))
+    for k, v in kw.items():
+        OmegaConf.update(cfg, k, v)
+    return cfg
+
+
+def test_logger_offline_line_group_and_verl_names(tmp_path, monkeypatch, capsys):
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for var in ("WANDB_MODE", "WANDB_API_KEY", "NETRC"):
+        monkeypatch.delenv(var, raising=False)
+    log = MetricsLogger(logger_cfg(), tmp_path / "run", "toy:algorithm.gamma=0.4", {"a": 1},
+                        group="toy-sweep", perf={"gpus": 2})
+    err = capsys.readouterr().err
+    assert err.count("W&B offline") == 1 and "wandb login" in err
+    assert fake.inits[0]["mode"] == "offline" and fake.inits[0]["group"] == "toy-sweep"
+    assert fake.inits[0]["name"] == "toy:algorithm.gamma=0.4"
+    log.log(0, {"timing/step": 2.0, "reward/mean": 0.5, "response/truncated_frac": 0.25,
+                "score/correct": 0.5, "batch/tokens": 400.0, "actor/grad_norm": 0.1})
+    log.close()
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text())
+    assert row["timing_s/step"] == 2.0 and row["critic/score/mean"] == 0.5
+    assert row["response_length/clip_ratio"] == 0.25 and row["kernel/correct"] == 0.5
+    assert row["perf/throughput"] == 100.0  # 400 tokens / (2 s x 2 GPUs)
+    assert "timing/step" not in row and fake.logged[0][1]["timing_s/step"] == 2.0
+    # the console line names keys in full: no bare "step=" that reads as the step number
+    line = [x for x in capsys.readouterr().err.splitlines() if x.startswith("[step 0]")][0]
+    assert "timing_s/step=2" in line and "critic/score/mean=0.5" in line and " step=" not in line
+
+
+def test_auto_falls_back_to_offline_when_online_fails(tmp_path, monkeypatch, capsys):
+    fake = FakeWandb(fail_online=True)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.setenv("WANDB_API_KEY", "k")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    MetricsLogger(logger_cfg(), tmp_path, "r", {}).close()
+    assert [i["mode"] for i in fake.inits] == ["online", "offline"]
+    assert "online failed: ConnectionError" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "wandb", FakeWandb(fail_online=True))
+    with pytest.raises(ConnectionError):  # an explicit online is not second-guessed
+        MetricsLogger(logger_cfg(mode="online"), tmp_path, "r", {})
+
+
+def test_names_and_derived_perf_metrics():
+    assert logged_name("timing/weight_sync") == "timing_s/update_weights"
+    assert logged_name("reward/turn2_mean") == "critic/score/turn2_mean"
+    assert logged_name("actor/pg_clipfrac") == "actor/pg_clipfrac"  # verl's already
+    assert peak_flops("NVIDIA H200") == 989e12 and peak_flops(None) is None
+    m = to_logged({"actor/tokens": 1000.0, "actor/rank_time_s": 2.0},
+                  {"params": 1e9, "peak_flops": 1e15, "trainer_gpus": 2})
+    assert m["perf/mfu/actor"] == pytest.approx(6e12 / 2.0 / 2e15)
+    assert "perf/mfu/actor" not in to_logged({"actor/tokens": 1.0, "actor/rank_time_s": 1.0}, {})
+
+
+def test_prompt_and_response_length_statistics():
+    samples = [Sample(uid=f"0/t/{i}/0", step=0, task_id="t", traj=i, turn=0, prompt_ids=[1] * (i + 2),
+                      response_ids=[2] * (i + 1), logprobs=[], finish_reason="stop", score=float(i),
+                      policy_version=0, outcome={}) for i in range(3)]
+    m = score_metrics(samples)
+    assert (m["prompt_length/mean"], m["prompt_length/max"], m["prompt_length/min"]) == (3.0, 4.0, 2.0)
+    assert m["response_length/min"] == 1.0 and m["score/min"] == 0.0
+
+
+def test_timeline_reads_the_logged_names(tmp_path, capsys):
+    assert step_timings({"timing_s/gen": 1.0, "timing_s/update_weights": 0.5}) == {"sampler": 1.0, "sync": 0.5}
+    assert step_timings({"timing/train": 2.0}) == {"trainer": 2.0}  # a run logged before the rename
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "timing_s/step": 3.0}) + "\n")
+    assert timeline_main([str(tmp_path)]) == 0
+    assert "step 0: step=3.00s" in capsys.readouterr().out
+    assert timeline_main([str(tmp_path / "nothing")]) == 2
+
+
+def test_progress_bars_only_on_a_terminal(capsys):
+    from pipeline.main import quiet_progress
+
+    conf = OmegaConf.create({"pipeline": {"progress": True}})
+    quiet_progress(conf)  # pytest's captured stderr is no terminal, as a log file is not
+    assert conf.pipeline.progress is False and "progress bars off" in capsys.readouterr().err
+
+
+def test_perf_context_counts_shared_gpus_once():
+    from pipeline.main import perf_context
+
+    cfg = OmegaConf.create({"resources": {"sampler": {"gpus": 1}, "trainer": {"gpus": 1},
+                                          "evaluator": {"gpus": 1}}})
+    info = {"params": 7e9, "device_name": "NVIDIA H200"}
+    assert perf_context(cfg, info, colocated=True) == {"gpus": 2, "trainer_gpus": 1, "params": 7e9,
+                                                       "peak_flops": 989e12}
+    assert perf_context(cfg, None, colocated=False)["gpus"] == 3
