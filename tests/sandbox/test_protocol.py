@@ -114,3 +114,25 @@ def test_a_passing_trial_records_its_errors_past_positions_where_both_sides_are_
     assert abs_err == pytest.approx(2**-20) and rel_err == pytest.approx(2**-20)
     bad, abs_err, _ = protocol.compare_with_errors([new + 1.0], [ref], TOL)
     assert bad is not None and bad.which_output == 0 and abs_err == pytest.approx(1.0 + 2**-20)
+
+
+def test_float_outputs_are_compared_in_float32_with_the_same_verdicts():
+    """float32, float16 and bfloat16 outputs are compared in float32 slices (half the bytes of
+    float64, the comparison the GPU is held for); float64 outputs stay float64. The verdicts on
+    the edge cases do not change: a sign-flipped infinity is wrong, NaN against NaN is not."""
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        r = torch.tensor([1.0, float("inf"), float("nan"), -2.0], dtype=dtype)
+        nf, rf = next(protocol._chunks_of(r, r))
+        assert nf.dtype == rf.dtype == torch.float32
+        assert protocol.compare_with_errors([r.clone()], [r], TOL)[0] is None
+        flipped = r.clone()
+        flipped[1] = float("-inf")
+        assert protocol.compare_with_errors([flipped], [r], TOL)[0] is not None
+        nan_where_finite = r.clone()
+        nan_where_finite[0] = float("nan")
+        bad = protocol.compare_with_errors([nan_where_finite], [r], TOL)[0]
+        assert bad is not None and "NaN/Inf" in bad.message
+    d = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    assert next(protocol._chunks_of(d, d))[0].dtype == torch.float64
+    tight = {**TOL, "float64": {"atol": 1e-12, "rtol": 1e-12}}
+    assert protocol.compare_with_errors([d + 1e-9], [d], tight)[0] is not None  # float32 could not see this
