@@ -43,7 +43,9 @@ class EvalConfig:
     cache_dir: str | None = MISSING        # null: a directory under the system temp dir
     excessive_speedup: float = MISSING     # speedups above this are flagged for review
     gpu_ids: list[int] = field(default_factory=list)  # empty: every visible GPU
-    cpu_run_slots: int | None = MISSING    # cpu backend: run steps holding the host at once (null: no limit)
+    cpu_run_slots: int | None = MISSING    # cpu backend: run steps sharing the host for correctness (null: no gate)
+    gpu_memory_share: float = MISSING      # share of a GPU's memory run steps may reserve at once (0: one step at a time)
+    gpu_context_bytes: int = MISSING       # device memory of one process's CUDA context (footprints add three)
     block_network: bool = MISSING          # own network namespace where the OS allows it
     restrict_writes: bool = MISSING        # Landlock: writes only to the evaluation's own dirs
     pid_namespace: bool = MISSING          # own PID namespace: every leftover process dies with it
@@ -80,6 +82,8 @@ def validate(cfg: EvalConfig) -> None:
             raise ValueError(f"sandbox.{name}={getattr(cfg, name)}: expected an integer >= 1")
     if cfg.cpu_run_slots is not None and cfg.cpu_run_slots < 1:
         raise ValueError(f"sandbox.cpu_run_slots={cfg.cpu_run_slots}: expected null or an integer >= 1")
+    if not 0.0 <= cfg.gpu_memory_share <= 1.0:
+        raise ValueError(f"sandbox.gpu_memory_share={cfg.gpu_memory_share}: expected a share in [0, 1]")
     for dtype in ("float32", "float16", "bfloat16"):
         if dtype not in cfg.tolerance:
             raise ValueError(f"sandbox.tolerance has no entry for {dtype!r} (has {sorted(cfg.tolerance)})")

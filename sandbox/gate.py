@@ -1,7 +1,12 @@
-"""The judge's side of the device gate: a gated run step prepares (task, runners, isolation)
-before the pool gives it the device, then waits for the pool's word, so its device is held only
-while answer code can run on it. The pipes are the pool's (the worker's stdin and stdout), kept by
-the judge alone and closed before any answer code is imported anywhere."""
+"""The judge's side of the device gate (the pool's side: sandbox/device_gate.py). A gated run step
+prepares (task, runners, isolation) before it asks for its device, so the device is held only
+while answer code can run on it: ``wait`` (admitted: its memory reserved, a shared section for load
+and correctness), ``exclusive`` (the timing window: the device alone), ``done`` (its runners are
+gone: the window goes back; its memory goes back when the pool has seen every process end).
+
+The channel is a socket the pool passed to the outer process and that the judge alone keeps (the
+runners close every other descriptor when they are forked): a socket, unlike a pipe, cannot be
+reopened through /proc/<pid>/fd by a runner, so no answer can ask for, or give back, a window."""
 from __future__ import annotations
 
 import json
@@ -12,27 +17,52 @@ from typing import Any
 
 
 class Gate:
-    def __init__(self, rfd: int, wfd: int):
-        self.rfd, self.wfd, self.buf = rfd, wfd, b""
+    def __init__(self, fd: int):
+        self.fd, self.buf = fd, b""
 
     def wait(self) -> tuple[float, Any]:
-        """(seconds spent waiting, the granted device index or None)."""
+        """Admission and the shared section: (seconds spent waiting, the granted device index or None)."""
         t = time.monotonic()
-        os.write(self.wfd, b'{"ready": true}\n')
-        while b"\n" not in self.buf:
-            select.select([self.rfd], [], [])
-            chunk = os.read(self.rfd, 4096)
+        grant = self._ask({"ready": True})
+        return time.monotonic() - t, grant.get("device")
+
+    def exclusive(self) -> float:
+        """The device alone (the shared section given back first); seconds spent waiting."""
+        t = time.monotonic()
+        self._ask({"exclusive": True})
+        return time.monotonic() - t
+
+    def done(self) -> None:
+        """The step's runners are gone: its window goes back (no reply)."""
+        self._send({"done": True})
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        if self.fd < 0:
+            return
+        try:
+            os.write(self.fd, json.dumps(msg).encode() + b"\n")
+        except OSError:
+            pass
+
+    def _ask(self, msg: dict[str, Any]) -> dict[str, Any]:
+        self._send(msg)
+        while self.fd >= 0 and b"\n" not in self.buf:
+            select.select([self.fd], [], [])
+            chunk = os.read(self.fd, 4096)
             if not chunk:
                 break
             self.buf += chunk
-        line = self.buf.split(b"\n", 1)[0]
-        grant = json.loads(line) if line else {}
-        self.close()
-        return time.monotonic() - t, grant.get("device") if isinstance(grant, dict) else None
+        line, _, self.buf = self.buf.partition(b"\n")
+        try:
+            reply = json.loads(line) if line else {}
+        except ValueError:
+            reply = {}
+        return reply if isinstance(reply, dict) else {}
 
     def close(self) -> None:
-        for fd in (self.rfd, self.wfd):
+        if self.fd >= 0:
             try:
-                os.close(fd)
+                os.close(self.fd)
             except OSError:
                 pass
+            self.fd = -1

@@ -39,6 +39,7 @@ import psutil
 from sandbox import sweep
 from sandbox.build import build_key, pch_allowed, task_key, write_narrow_header
 from sandbox.config import BACKENDS, EvalConfig, validate
+from sandbox.device_gate import DeviceGate, Grant, serve_gate
 from sandbox.gpu_probe import IsolationProbe, ProbeVerdict, choose_isolation
 from sandbox.result import EvalResult
 from sandbox.wire import KEY_BYTES, MARKER, MAX_LINE_BYTES, Isolation, Limits, StepRequest, read_result_line
@@ -111,7 +112,9 @@ class _StepOutcome:
     detail: str = ""
     wall_s: float = 0.0
     device: tuple[Any, str] | None = None  # the gate's token this step held: (GPU index, capability)
-    held_s: float | None = None            # how long it held it
+    held_s: float | None = None            # how long it held it (admission to its processes gone)
+    gate_s: dict[str, float] = dataclasses.field(default_factory=dict)  # device_exclusive, device_wait, ...
+    overlapped: bool = False               # another step held a reservation on its device meanwhile
 
 
 class EvalPool:
@@ -137,11 +140,13 @@ class EvalPool:
         self._ref_ms: dict[str, float] = {}
         self._live: set[asyncio.subprocess.Process] = set()
         self._gpus: list[tuple[int, str]] | None = None
-        # one queue of one token per GPU: a run step is given its GPU when it starts (so its trusted
-        # processes start CUDA there while it prepares) and holds it alone once the token is its
-        self._gpu_gates: dict[int, asyncio.Queue[tuple[int, str]]] = {}
+        # one gate per GPU: a run step is given its GPU when it starts (so its trusted processes
+        # start CUDA there while it prepares), is admitted once its task's footprint fits, shares the
+        # GPU for load and correctness and holds it alone for timing (sandbox/device_gate.py)
+        self._gpu_gates: dict[int, DeviceGate] = {}
         self._gpu_load: Counter[int] = Counter()   # run steps given each GPU and not yet done
-        self._cpu_slots: asyncio.Queue[tuple[None, str]] | None = None
+        self._cpu_gate: DeviceGate | None = None
+        self._footprints: dict[str, int] = {}      # task key -> bytes one run step reserves on its GPU
         self._torch_version: str | None = None
         self._started = time.monotonic()
         self._stats: Counter[str] = Counter()
@@ -229,7 +234,8 @@ class EvalPool:
             # a persistent cache's older ones
             tkey = task_key(ref_src, f"p2:{backend}:{device_name}:{cfg.timing_runs}:{cfg.cpu_threads}")
             ref_ms = self._ref_ms.get(tkey) or self._load_ref_ms(tkey)
-            res = await self._run(ref_src, cand_src, backend, bkey, arch, cfg, eval_dir, eval_id, on_gpu, ref_ms)
+            res = await self._run(ref_src, cand_src, backend, bkey, arch, cfg, eval_dir, eval_id, on_gpu, ref_ms,
+                                  tkey)
             if res.timed and res.ref_runtime_ms and ref_ms is None and res.error_kind is None:
                 self._store_ref_ms(tkey, res.ref_runtime_ms)
             res.cache_hit = bool(compiled.get("cache_hit"))
@@ -241,14 +247,14 @@ class EvalPool:
                 await asyncio.to_thread(shutil.rmtree, eval_dir, True)
 
     async def _run(self, ref_src: str, cand_src: str, backend: str, bkey: str, arch: str, cfg: EvalConfig,
-                   eval_dir: Path, eval_id: str, on_gpu: bool, ref_ms: float | None) -> EvalResult:
+                   eval_dir: Path, eval_id: str, on_gpu: bool, ref_ms: float | None, tkey: str) -> EvalResult:
         # a run step killed while torch held its build lock would stall every later load
         await asyncio.to_thread(_remove_stale_batons, self.cache / "builds" / bkey, 120.0)
         gpu_index = self._pick_gpu() if on_gpu else None
         gate = self._gpu_gates[gpu_index] if gpu_index is not None else self._device_gate(False)
         try:
             return await self._run_on(ref_src, cand_src, backend, bkey, arch, cfg, eval_dir, eval_id, on_gpu,
-                                      ref_ms, gate, gpu_index)
+                                      ref_ms, gate, gpu_index, tkey)
         finally:
             if gpu_index is not None:
                 self._gpu_load[gpu_index] -= 1
@@ -261,8 +267,8 @@ class EvalPool:
         return index
 
     async def _run_on(self, ref_src: str, cand_src: str, backend: str, bkey: str, arch: str, cfg: EvalConfig,
-                      eval_dir: Path, eval_id: str, on_gpu: bool, ref_ms: float | None, gate: asyncio.Queue | None,
-                      gpu_index: int | None) -> EvalResult:
+                      eval_dir: Path, eval_id: str, on_gpu: bool, ref_ms: float | None, gate: DeviceGate | None,
+                      gpu_index: int | None, tkey: str) -> EvalResult:
         drop: tuple[str, ...] = ()
         if cfg.gpu_isolation_probe and self.isolation_probe.applies(backend, on_gpu):
             drop = (await self._probe(backend, gate, arch, cfg, eval_dir)).dropped
@@ -276,12 +282,27 @@ class EvalPool:
                    poison_bytes=cfg.poison_bytes, excessive_speedup=cfg.excessive_speedup,
                    cpu_threads=cfg.cpu_threads, ref_runtime_ms=ref_ms, timeout_s=_run_limit(cfg, ref_ms), timed=timed)
         limit = req["timeout_s"] + max(30.0, req["timeout_s"])
-        for attempt in range(cfg.lost_worker_retries + 1):
+        # a task's first GPU step runs alone and measures what later ones reserve; the host's slots
+        # are counted, not measured
+        need: int | None = self._footprints.get(tkey) if on_gpu else 1
+        attempt = lost = 0
+        while True:
             out = await self._step(req, "run", bkey, eval_dir / f"run{attempt}", eval_id, cfg, backend,
-                                   None, arch, limit, drop, gate, visible=gpu_index)
-            if out.data is not None or out.killed_for is not None:
-                break
-            self._stats["lost_workers"] += 1
+                                   None, arch, limit, drop, gate, visible=gpu_index, need=need)
+            attempt += 1
+            if out.data is None and out.killed_for is None and lost < cfg.lost_worker_retries:
+                lost += 1
+                self._stats["lost_workers"] += 1
+                continue
+            if out.overlapped and need is not None and _maybe_crowded(out):
+                # a timeout or out-of-memory while others shared the device is never blamed on the
+                # answer before it is seen alone
+                self._stats["rerun_alone"] += 1
+                need = None
+                continue
+            break
+        if on_gpu and out.data is not None and not out.overlapped:
+            self._learn_footprint(tkey, out.data.get("task_profile"), cfg)
         res = self._verdict(out, "run", cfg)
         res.backend, res.trials = backend, cfg.correctness_trials
         self._say_what_is_open(res.isolation)
@@ -289,6 +310,10 @@ class EvalPool:
         res.device = f"cuda:{gpu[0]} (sm {gpu[1]})" if on_gpu and gpu else "cpu"
         if out.held_s is not None:
             res.wall_s["device_held"] = round(out.held_s, 3)
+        for k, v in out.gate_s.items():
+            res.wall_s[k] = round(v, 3)
+        if attempt > 1 and need is None and out.held_s is not None:
+            res.wall_s["reran_alone"] = 1.0
         if not timed:
             res.timed, res.speedup, res.new_runtime_ms, res.ref_runtime_ms = False, None, None, None
         return res
@@ -312,30 +337,40 @@ class EvalPool:
         self._next_core += n
         return [cores[(start + i) % len(cores)] for i in range(n)]
 
-    def _device_gate(self, on_gpu: bool) -> asyncio.Queue | None:
-        """What a run step must hold while candidate code can run: a GPU (timings are not disturbed by
-        a neighbour's kernels), or with ``cpu_run_slots`` a share of the host; None: nothing."""
+    def _device_gate(self, on_gpu: bool) -> DeviceGate | None:
+        """With ``cpu_run_slots``, the host's gate: that many run steps share it for correctness, one
+        holds it alone for timing; None: nothing."""
         if self.cfg.cpu_run_slots is None:
             return None
-        if self._cpu_slots is None:
-            self._cpu_slots = asyncio.Queue()
-            for i in range(self.cfg.cpu_run_slots):
-                self._cpu_slots.put_nowait((None, f"host slot {i}"))
-        return self._cpu_slots
+        if self._cpu_gate is None:
+            self._cpu_gate = DeviceGate((None, "host"), self.cfg.cpu_run_slots)
+        return self._cpu_gate
 
-    async def _probe(self, backend: str, gate: asyncio.Queue | None, arch: str, cfg: EvalConfig,
+    def _learn_footprint(self, tkey: str, profile: Any, cfg: EvalConfig) -> None:
+        """What a run step of this task reserves on its GPU, from a step that ran alone: the judge's
+        peak (inputs, check set, outputs it holds), the reference runner's peak twice (the
+        candidate is assumed alike; the NaN poison it frees first counted on top), and a CUDA context
+        per process."""
+        if tkey in self._footprints or not isinstance(profile, dict):
+            return
+        judge, ref = profile.get("judge_peak_bytes"), profile.get("reference_peak_bytes")
+        if not isinstance(judge, int) or not isinstance(ref, int):
+            return
+        self._footprints[tkey] = judge + 2 * ref + cfg.poison_bytes + 3 * cfg.gpu_context_bytes
+
+    async def _probe(self, backend: str, gate: DeviceGate | None, arch: str, cfg: EvalConfig,
                      eval_dir: Path) -> ProbeVerdict:
         """Once per pool, before the first gated run step: the isolation the device survives."""
         async with self._probe_lock:
             if self.probe_verdict is not None:
                 return self.probe_verdict
-            held = await gate.get() if gate is not None else None
+            grant = await gate.admit(None) if gate is not None else None  # alone
             try:
-                gpu = held if held is not None and held[0] is not None else None
+                gpu = gate.token if gate is not None and gate.token[0] is not None else None
                 return await self._probe_holding(backend, gpu, arch, cfg, eval_dir)
             finally:
-                if held is not None:
-                    gate.put_nowait(held)  # type: ignore[union-attr]
+                if grant is not None:
+                    await gate.release(grant)  # type: ignore[union-attr]
 
     async def _probe_holding(self, backend: str, gpu: tuple[int, str] | None, arch: str, cfg: EvalConfig,
                              eval_dir: Path) -> ProbeVerdict:
@@ -472,10 +507,11 @@ class EvalPool:
 
     async def _step(self, req: dict[str, Any], mode: str, bkey: str, workdir: Path, eval_id: str,
                     cfg: EvalConfig, backend: str, gpu: tuple[int, str] | None, arch: str,
-                    limit_s: float, drop: tuple[str, ...] = (), gate: asyncio.Queue | None = None,
-                    visible: int | None = None) -> _StepOutcome:
+                    limit_s: float, drop: tuple[str, ...] = (), gate: DeviceGate | None = None,
+                    visible: int | None = None, need: int | None = None) -> _StepOutcome:
         """One worker process. With a ``gate`` the worker prepares first and the device is taken only
-        when it says it is ready; ``limit_s`` counts from then (and bounds the preparation too)."""
+        when it says it is ready (``need`` reserved, None: alone); ``limit_s`` counts from then (and
+        bounds the preparation too); time spent waiting for an exclusive window is not counted."""
         build_dir = self.cache / "builds" / bkey
         build_dir.mkdir(parents=True, exist_ok=True)
         (workdir / "tmp").mkdir(parents=True, exist_ok=True)
@@ -517,42 +553,54 @@ class EvalPool:
         # main), never through the request, the environment, argv or a file.
         key = _new_step_key()
         theirs: socket.socket | None = None
+        gate_ours = gate_theirs = None
         t0 = time.monotonic()
         try:
             theirs = _key_socket(key)
             step.key_fd = theirs.fileno()
+            passed = [theirs.fileno()]
+            if gate is not None:
+                gate_ours, gate_theirs = socket.socketpair()
+                step.gate_fd = gate_theirs.fileno()
+                passed.append(gate_theirs.fileno())
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "sandbox.worker", stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(workdir),
-                env=scrubbed_env(extra), start_new_session=True, limit=_MAX_LINE, pass_fds=(theirs.fileno(),))
+                env=scrubbed_env(extra), start_new_session=True, limit=_MAX_LINE, pass_fds=tuple(passed))
         except OSError as exc:
+            if gate_ours is not None:
+                gate_ours.close()
             return _StepOutcome(None, detail=f"could not start the worker: {exc}")
         finally:
-            if theirs is not None:
-                theirs.close()  # the worker has its own copy now
+            for sock in (theirs, gate_theirs):
+                if sock is not None:
+                    sock.close()  # the worker has its own copy now
         self._live.add(proc)
         watch: dict[str, str] = {}
         watchdog = asyncio.ensure_future(self._watch(proc, cfg, use_as, watch,
                                                      build_dir if mode == "compile" else None))
         stderr_task = asyncio.ensure_future(proc.stderr.read())  # type: ignore[union-attr]
-        held: tuple[Any, str] | None = None
-        t_held = 0.0
         data: dict[str, Any] | None = None
         untagged = 0
+        # the gate's server moves the deadline (waits are not run time) and records the grant and its times
+        clock: dict[str, Any] = {"deadline": time.monotonic() + limit_s}
+        served = None
+        if gate is not None and gate_ours is not None:
+            served = asyncio.ensure_future(serve_gate(gate_ours, gate, need, limit_s, clock,
+                                                      lambda on: _freeze(proc.pid, marker, on)))
         try:
-            await _write_raw(proc, step.to_json(), close=gate is None)
-            deadline = time.monotonic() + limit_s
+            await _write_raw(proc, step.to_json(), close=True)
             while True:
-                line = await asyncio.wait_for(proc.stdout.readline(),  # type: ignore[union-attr]
-                                              timeout=max(0.0, deadline - time.monotonic()))
+                left = clock["deadline"] - time.monotonic()
+                if left <= 0:
+                    raise asyncio.TimeoutError
+                try:
+                    line = await asyncio.wait_for(proc.stdout.readline(),  # type: ignore[union-attr]
+                                                  timeout=min(left, 1.0))
+                except asyncio.TimeoutError:
+                    continue  # look at the deadline again: a wait for the device may have moved it
                 if not line:
                     break
-                if gate is not None and held is None and line.startswith(b'{"ready"'):
-                    held = await gate.get()  # waiting for the device is not the candidate's time
-                    t_held = deadline = time.monotonic()
-                    deadline += limit_s
-                    await _send_line(proc, {"device": held[0]}, close=True)
-                    continue
                 data = read_result_line(line, key)
                 if data is not None:
                     break  # the first tagged line: the worker writes no other, and nothing else can tag one
@@ -563,6 +611,8 @@ class EvalPool:
             pass  # the worker died (or wrote an endless line): no verdict, reported below
         finally:
             watchdog.cancel()
+            if served is not None:
+                served.cancel()
             self._kill_group(proc)
             try:
                 stderr = await asyncio.wait_for(stderr_task, timeout=5.0)
@@ -573,12 +623,22 @@ class EvalPool:
             # the device goes back only once every process of the step is gone: their CUDA contexts
             # (and memory) go with them, so the next step never finds the GPU's memory taken
             await asyncio.to_thread(sweep.wait_gone, marker)
-            if held is not None:
-                gate.put_nowait(held)  # type: ignore[union-attr]
+            if served is not None:
+                await asyncio.gather(served, return_exceptions=True)  # cancelled above: gone before release
+            grant: Grant | None = clock.get("grant")
+            if grant is not None:
+                await gate.release(grant)  # type: ignore[union-attr]
+            if gate_ours is not None:
+                gate_ours.close()
             self._live.discard(proc)
             _release_transport(proc)
         now = time.monotonic()
-        extra_out = {"wall_s": now - t0, "device": held, "held_s": now - t_held if held is not None else None}
+        gate_s = {k: v for k, v in clock.items() if k in ("device_exclusive", "device_shared")}
+        if grant is not None and "exclusive_from" in clock and "device_exclusive" not in gate_s:
+            gate_s["device_exclusive"] = now - clock["exclusive_from"]  # killed inside its window
+        extra_out = {"wall_s": now - t0, "device": gate.token if grant is not None else None,  # type: ignore[union-attr]
+                     "held_s": now - clock["admitted"] if grant is not None else None,
+                     "gate_s": gate_s, "overlapped": bool(grant and grant.overlapped)}
         if "reason" in watch:
             return _StepOutcome(None, killed_for=watch["reason"], detail=watch.get("detail", ""), **extra_out)
         if data is None:  # as a worker that wrote nothing: lost (run again, then a sandbox error)
@@ -630,8 +690,10 @@ class EvalPool:
                 found = [(i, caps.get(i, "")) for i in self.cfg.gpu_ids]
             self._gpus = found
             for g in found:
-                self._gpu_gates[g[0]] = asyncio.Queue()
-                self._gpu_gates[g[0]].put_nowait(g)
+                share = self.cfg.gpu_memory_share
+                memory = _gpu_memory().get(g[0], 0) if share > 0 else 0
+                # budget 1: every step is admitted alone (the whole GPU, exclusive from the start)
+                self._gpu_gates[g[0]] = DeviceGate(g, max(int(memory * share), 1))
         return self._gpus
 
     async def _torch(self) -> str:
@@ -653,6 +715,45 @@ class EvalPool:
     def _store_ref_ms(self, tkey: str, ms: float) -> None:
         self._ref_ms[tkey] = ms
         (self.cache / "refs" / f"{tkey}.json").write_text(json.dumps({"ref_runtime_ms": ms}))
+
+
+def _freeze(pid: int, marker: str, on: bool) -> None:
+    """Stop (or resume) a step's processes: its group, and what carries its marker outside it."""
+    sig = signal.SIGSTOP if on else signal.SIGCONT
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    sweep.signal_marked(marker, sig)
+
+
+def _maybe_crowded(out: _StepOutcome) -> bool:
+    """A failure another step on the same device could have caused: a timeout, or out of memory."""
+    if out.killed_for in ("timeout", "memory"):
+        return True
+    data = out.data or {}
+    text = f"{data.get('error_kind')} {data.get('error')}".lower()
+    return data.get("error_kind") in ("timeout", "memory_limit") or "out of memory" in text
+
+
+def _gpu_memory() -> dict[int, int]:
+    """Total memory of each GPU by nvidia-smi index; {} without one."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return {}
+    try:
+        out = subprocess.run([exe, "--query-gpu=index,memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return {}
+    found = {}
+    for line in out.strip().splitlines():
+        idx, _, mib = line.partition(",")
+        try:
+            found[int(idx)] = int(float(mib)) * 2**20
+        except ValueError:
+            continue
+    return found
 
 
 def _new_step_key() -> bytes:

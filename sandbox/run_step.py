@@ -47,6 +47,9 @@ class RunStep:
             self.cand.kill()
             self.ref.kill()
             sweep.kill_marked(os.environ.get(MARKER), everything=os.getpid() == 1)
+            if self.gate is not None:  # no answer code is left: the window (shared or exclusive) goes back
+                self.gate.done()
+                self.gate.close()
 
     def _run(self) -> dict[str, Any]:
         from sandbox import protocol
@@ -97,6 +100,11 @@ class RunStep:
             self.result["stage"] = "done"
             return self.result
         self.result["stage"] = "timing"
+        if self.gate is not None:
+            # the device alone for every timed call, the reference's too; the wait is not run time
+            waited = self.gate.exclusive()
+            self.deadline += waited
+            wall["exclusive_wait"] = round(waited, 3)
         t = _perf_counter()
         new_ms, spread = self._time(self.cand, check=True)
         wall["timing"] = round(_perf_counter() - t, 3)
@@ -108,6 +116,10 @@ class RunStep:
             t = _perf_counter()
             ref_ms, self.result["ref_runtime_spread"] = self._time(self.ref, check=False)
             wall["ref_timing"] = round(_perf_counter() - t, 3)
+        if req.device.startswith("cuda"):  # the judge's share of the task's footprint (admission)
+            import torch
+
+            self.result.setdefault("task_profile", {})["judge_peak_bytes"] = int(torch.cuda.max_memory_reserved())
         speedup = ref_ms / new_ms if new_ms > 0 else float("inf")
         self.result.update(stage="done", timed=True, new_runtime_ms=new_ms, ref_runtime_ms=ref_ms,
                            new_runtime_spread=spread, speedup=speedup)

@@ -57,6 +57,24 @@ def kill_marked(marker: str | None, keep: Iterable[int] = (), everything: bool =
     return killed
 
 
+def signal_marked(marker: str, sig: int) -> int:
+    """Send ``sig`` to every process carrying ``MARKER=marker`` (the pool freezing a step); how many."""
+    needle = f"{MARKER}={marker}".encode()
+    sent = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            os.kill(int(entry.name), sig)
+            sent += 1
+        except OSError:
+            continue
+    return sent
+
+
 def reap_children() -> None:
     """Reap whatever exited among this process's children (a PID-namespace init inherits orphans)."""
     while True:

@@ -74,6 +74,7 @@ class StepRequest:
     read_roots: list[str] = field(default_factory=list)  # extra readable dirs (pch, narrow headers)
     tail_bytes: int = 8192
     gated: bool = False            # wait for the pool's word before touching the device
+    gate_fd: int | None = None     # socket to the pool's device gate (the judge keeps it alone)
     key_fd: int | None = None      # socket holding the result key (the outer process reads it)
 
     def to_json(self) -> bytes:

@@ -27,7 +27,6 @@ __all__ = ["main", "read_result_line", "result_line", "result_tag"]
 
 
 def main() -> int:
-    # one line: the pool keeps stdin open to answer a gated run step's wait for its device
     req = StepRequest.from_json(sys.stdin.buffer.readline())
     t0 = time.monotonic()
     os.chdir(req.workdir)
@@ -78,8 +77,8 @@ def main() -> int:
         inner += confine.confine_judge(req, scope=req.mode != "run")
         _write_all(conf_w, json.dumps(inner).encode())
         os.close(conf_w)
-        # the pool's pipes, kept by the judge alone to ask for the device (never a runner's)
-        gate = Gate(os.dup(0), os.dup(1)) if req.gated else None
+        # the pool's gate socket, kept by the judge alone to ask for the device (never a runner's)
+        gate = Gate(req.gate_fd) if req.gated and req.gate_fd is not None else None
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(log_w, 1)
@@ -99,6 +98,8 @@ def main() -> int:
     # process's to read only with ptrace rights (Landlock, the PID namespace, seccomp and Yama's
     # ptrace_scope each deny the candidate those).
     key = _take_key(key_fd) if key_fd is not None else b""
+    if req.gate_fd is not None:  # the judge's alone
+        os.close(req.gate_fd)
     os.close(log_w)
     os.close(res_w)
     os.close(conf_w)

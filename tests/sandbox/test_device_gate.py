@@ -54,3 +54,59 @@ async def test_ungated_cpu_run_steps_report_no_device_time(sandbox_cfg):
     assert res.correct, res
     assert "device_held" not in res.wall_s and "device_wait" not in res.wall_s
     assert res.wall_s["correctness"] >= 0 and res.wall_s["timing"] >= 0
+
+
+# Prints the span of every forward call: the first `correctness_trials` calls are the correctness
+# trials, the rest the timing loop (warm-up and timed calls).
+_CALLS_ANSWER = """
+import time
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+        t = time.time()
+        time.sleep(0.03)
+        print(f"CALL {t} {time.time()}", flush=True)
+        return a + b
+"""
+_LOOPING_ANSWER = """
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+        while True:
+            pass
+"""
+
+
+def _calls(log_tail: str) -> list[tuple[float, float]]:
+    return [tuple(map(float, ln.split()[1:3])) for ln in log_tail.splitlines() if ln.startswith("CALL ")]
+
+
+async def test_shared_gate_times_alone_and_reruns_a_timeout_alone(sandbox_cfg):
+    """Three run steps share the host's gate (cpu_run_slots=3) for load and correctness; every timing
+    loop runs while no other step's answer runs; the answer that never returns timed out while
+    others shared the gate, so it is run again alone before its timeout is its verdict."""
+    cfg = dataclasses.replace(sandbox_cfg, cpu_run_slots=3, max_concurrent=3, run_timeout_s=8)
+    answers = [_CALLS_ANSWER + f"\n# variant {i}\n" for i in range(2)] + [_LOOPING_ANSWER]
+    async with EvalPool(cfg) as pool:
+        results = await asyncio.gather(*[pool.evaluate(ADD, a, "cpu") for a in answers])
+        stats = pool.stats()
+    *honest, looping = results
+    assert all(r.correct and r.timed for r in honest), honest
+    trials = cfg.correctness_trials
+    calls = [_calls(r.log_tail) for r in honest]
+    assert all(len(c) == trials + cfg.warmup_runs + cfg.timing_runs for c in calls), calls
+    for i, mine in enumerate(calls):
+        window = (mine[trials][0], mine[-1][1])
+        for j, theirs in enumerate(calls):
+            if j != i:
+                assert all(end <= window[0] or start >= window[1] for start, end in theirs), \
+                    f"step {j}'s answer ran inside step {i}'s timing loop: {window} {theirs}"
+    for r in honest:  # a shared section, then the exclusive window; the wait for it is not run time
+        assert 0 < r.wall_s["device_exclusive"] < r.wall_s["device_held"], r.wall_s
+        assert r.wall_s["device_shared"] > 0, r.wall_s
+    assert looping.error_kind == "timeout", looping
+    assert looping.wall_s.get("reran_alone") == 1.0 and stats["rerun_alone"] == 1, (looping.wall_s, stats)

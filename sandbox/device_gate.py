@@ -1,0 +1,212 @@
+"""The pool's side of one device's gate (a GPU, or the host with ``cpu_run_slots``): memory
+admission, shared correctness sections, exclusive timing windows.
+
+A run step's life on its device (docs/sandbox.md, "The device gate"):
+
+1. ``admit``: it reserves its task's footprint (bytes of device memory, measured by the task's
+   first step) before any of its processes touches the device; the reservations never add up past
+   the budget, so no step pushes another out of memory. A step whose footprint is not known yet
+   (a task's first step, a step re-run after a failure while sharing) is admitted *alone*: the
+   whole budget, exclusive from the start, as the first protocol held a GPU.
+2. ``shared``: load and correctness; any number of admitted steps at once, none while an exclusive
+   window is held or asked for (timing is never starved).
+3. ``exclusive``: timing. Its shared section is given back *before* it waits (two steps that each
+   held a shared section while waiting for the other's would never move). While it is held, every
+   other step that has loaded its answer and waits for its own window is frozen (``freeze``: the
+   pool stops its processes), so no answer code queues GPU work beside a timed call.
+4. ``done``: the step's judge has killed its runners; its window (shared or exclusive) goes back.
+   ``release``: its processes are gone; its memory goes back.
+
+Pure asyncio bookkeeping (no library offers an asyncio readers-writer lock with byte admission):
+one condition, FIFO order for admission and for exclusive windows.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any, Callable
+
+# what a grant is doing on its device
+ADMITTED, SHARED, WAITING, EXCLUSIVE, FINISHED, RELEASED = (
+    "admitted", "shared", "waiting", "exclusive", "finished", "released")
+
+
+@dataclasses.dataclass(eq=False)
+class Grant:
+    need: int                      # reserved units (bytes on a GPU)
+    alone: bool                    # admitted with the whole budget, exclusive from the start
+    freeze: Callable[[bool], None] | None = None   # stop (True) / resume (False) the step's processes
+    state: str = ADMITTED
+    overlapped: bool = False       # another step held a reservation on the device at the same time
+    frozen: bool = False
+
+
+class DeviceGate:
+    def __init__(self, token: Any, budget: int):
+        if budget < 1:
+            raise ValueError(f"device gate budget {budget}: expected at least 1")
+        self.token, self.budget = token, int(budget)
+        self.reserved = 0
+        self.holders: list[Grant] = []      # admitted and not yet released
+        self._admit_queue: list[Grant] = []
+        self._excl_queue: list[Grant] = []
+        self._cond = asyncio.Condition()
+
+    # --- queries (tests, stats) ----------------------------------------------------------------
+
+    @property
+    def exclusive_holder(self) -> Grant | None:
+        return next((g for g in self.holders if g.state == EXCLUSIVE), None)
+
+    @property
+    def sharing(self) -> list[Grant]:
+        return [g for g in self.holders if g.state == SHARED]
+
+    # --- the step's life -----------------------------------------------------------------------
+
+    async def admit(self, need: int | None, freeze: Callable[[bool], None] | None = None) -> Grant:
+        """Reserve ``need`` units (None, or more than the budget: the whole device, alone). FIFO: a
+        large request at the head is not overtaken by small ones behind it."""
+        alone = need is None or need >= self.budget
+        grant = Grant(self.budget if alone else max(int(need), 0), alone, freeze)
+        async with self._cond:
+            self._admit_queue.append(grant)
+            try:
+                await self._cond.wait_for(lambda: self._admit_queue[0] is grant
+                                          and self.reserved + grant.need <= self.budget
+                                          and (not grant.alone or not self.holders))
+            except BaseException:
+                self._admit_queue.remove(grant)
+                self._cond.notify_all()
+                raise
+            self._admit_queue.pop(0)
+            self.reserved += grant.need
+            if self.holders:
+                grant.overlapped = True
+                for g in self.holders:
+                    g.overlapped = True
+            self.holders.append(grant)
+            if grant.alone:
+                grant.state = EXCLUSIVE
+            self._cond.notify_all()
+        return grant
+
+    async def shared(self, grant: Grant) -> None:
+        """Enter the shared section (an alone grant already holds the device)."""
+        if grant.alone:
+            return
+        async with self._cond:
+            await self._cond.wait_for(lambda: self.exclusive_holder is None and not self._excl_queue)
+            grant.state = SHARED
+
+    async def exclusive(self, grant: Grant) -> None:
+        """Give the shared section back, then wait for the device alone (others' answers frozen)."""
+        if grant.state == EXCLUSIVE:
+            return
+        async with self._cond:
+            grant.state = WAITING
+            self._excl_queue.append(grant)
+            self._cond.notify_all()
+            try:
+                await self._cond.wait_for(lambda: self._excl_queue[0] is grant and self.exclusive_holder is None
+                                          and not self.sharing)
+            except BaseException:
+                self._excl_queue.remove(grant)
+                self._cond.notify_all()
+                raise
+            self._excl_queue.pop(0)
+            grant.state = EXCLUSIVE
+            for g in self.holders:
+                if g.state == WAITING and not g.frozen:
+                    self._set_frozen(g, True)
+            self._cond.notify_all()
+
+    async def done(self, grant: Grant) -> None:
+        """The step's answer is gone (its judge killed the runners): its window goes back."""
+        async with self._cond:
+            self._end_window(grant, FINISHED)
+
+    async def release(self, grant: Grant) -> None:
+        """The step's processes are gone: its memory goes back too (idempotent)."""
+        async with self._cond:
+            if grant.state == RELEASED:
+                return
+            if grant in self._excl_queue:
+                self._excl_queue.remove(grant)
+            self._end_window(grant, RELEASED)
+            if grant.frozen:
+                self._set_frozen(grant, False)
+            self.holders.remove(grant)
+            self.reserved -= grant.need
+
+    def _end_window(self, grant: Grant, state: str) -> None:
+        was_exclusive = grant.state == EXCLUSIVE
+        grant.state = state
+        if was_exclusive:
+            for g in self.holders:
+                if g.frozen:
+                    self._set_frozen(g, False)
+        self._cond.notify_all()
+
+    @staticmethod
+    def _set_frozen(grant: Grant, frozen: bool) -> None:
+        grant.frozen = frozen
+        if grant.freeze is not None:
+            grant.freeze(frozen)
+
+
+async def serve_gate(sock: Any, gate: DeviceGate, need: int | None, limit_s: float, clock: dict[str, Any],
+                     freeze: Callable[[bool], None]) -> None:
+    """The pool's end of one step's gate socket (sandbox/gate.py is the judge's): admission and the
+    shared section on ``ready``, the exclusive window on ``exclusive``, the window back on ``done``.
+    ``clock``: the step's ``deadline`` (no deadline while it waits; ``limit_s`` from admission; an
+    exclusive wait added), and what it records: ``grant``, ``admitted``, ``device_shared``,
+    ``exclusive_from``, ``device_exclusive``. Only the judge holds the other end."""
+    import json
+    import math
+    import time
+
+    reader, writer = await asyncio.open_unix_connection(sock=sock)
+    try:
+        while True:
+            line = await reader.readline()
+            if not line:
+                return
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(msg, dict):
+                continue
+            grant = clock.get("grant")
+            if msg.get("ready") and grant is None:
+                clock["deadline"] = math.inf  # waiting for the device is not the step's time
+                grant = clock["grant"] = await gate.admit(need, freeze)
+                await gate.shared(grant)
+                clock["admitted"] = now = time.monotonic()
+                clock["deadline"] = now + limit_s
+                if grant.alone:
+                    clock["exclusive_from"] = now
+                writer.write(json.dumps({"device": gate.token[0]}).encode() + b"\n")
+            elif msg.get("exclusive") and grant is not None:
+                t, left = time.monotonic(), clock["deadline"] - time.monotonic()
+                clock["deadline"] = math.inf
+                if "exclusive_from" not in clock:
+                    clock["device_shared"] = t - clock["admitted"]
+                await gate.exclusive(grant)
+                now = time.monotonic()
+                clock.setdefault("exclusive_from", now)
+                clock["deadline"] = now + left
+                writer.write(b'{"exclusive": true}\n')
+            elif msg.get("done") and grant is not None:
+                now = time.monotonic()
+                if "exclusive_from" in clock:
+                    clock["device_exclusive"] = now - clock["exclusive_from"]
+                else:
+                    clock["device_shared"] = now - clock["admitted"]
+                await gate.done(grant)
+            else:
+                continue
+            await writer.drain()
+    finally:
+        writer.close()

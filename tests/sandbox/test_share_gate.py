@@ -1,0 +1,127 @@
+"""sandbox.device_gate.DeviceGate, the pool's shared/exclusive gate of one device, driven by many
+simulated steps at once (the real class, no processes): its invariants hold at every change."""
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from sandbox.device_gate import EXCLUSIVE, SHARED, WAITING, DeviceGate
+
+
+class Watch:
+    """Checks the gate's invariants after every change a step makes."""
+
+    def __init__(self, gate: DeviceGate):
+        self.gate, self.max_reserved, self.exclusive_windows, self.max_sharing = gate, 0, 0, 0
+
+    def check(self) -> None:
+        g = self.gate
+        self.max_reserved = max(self.max_reserved, g.reserved)
+        assert g.reserved <= g.budget, f"admission over the budget: {g.reserved} > {g.budget}"
+        assert sum(h.need for h in g.holders) == g.reserved
+        holders = [h for h in g.holders if h.state == EXCLUSIVE]
+        assert len(holders) <= 1, "two exclusive windows at once"
+        self.max_sharing = max(self.max_sharing, len(g.sharing))
+        if holders:
+            assert not g.sharing, "a shared section ran inside an exclusive window (timing overlapped)"
+            waiting = [h for h in g.holders if h.state == WAITING]
+            assert all(h.frozen for h in waiting), "a loaded answer ran beside an exclusive window"
+        else:
+            assert not any(h.frozen for h in g.holders), "a step stayed frozen with no window held"
+
+
+async def _step(gate: DeviceGate, watch: Watch, need: int | None, rng: random.Random, log: list) -> None:
+    frozen_calls: list[bool] = []
+    grant = await gate.admit(need, freeze=frozen_calls.append)
+    watch.check()
+    await gate.shared(grant)
+    watch.check()
+    await asyncio.sleep(rng.random() * 0.003)          # load and correctness
+    watch.check()
+    if rng.random() < 0.8:                              # a wrong answer never asks to be timed
+        await gate.exclusive(grant)
+        watch.check()
+        assert grant.state == EXCLUSIVE
+        watch.exclusive_windows += 1
+        log.append(("start", id(grant)))
+        await asyncio.sleep(rng.random() * 0.002)      # timing
+        watch.check()
+        log.append(("end", id(grant)))
+    await gate.done(grant)
+    watch.check()
+    await asyncio.sleep(rng.random() * 0.001)          # its processes end
+    await gate.release(grant)
+    watch.check()
+    assert frozen_calls == [x for pair in zip([True] * len(frozen_calls), [False] * len(frozen_calls))
+                            for x in pair][:len(frozen_calls)], frozen_calls  # stop, resume, stop, ...
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+async def test_many_steps_share_within_the_budget_time_alone_and_all_finish(seed):
+    rng = random.Random(seed)
+    gate = DeviceGate(("gpu", "9.0"), budget=100)
+    watch, log = Watch(gate), []
+    # 60 steps at once, footprints from small to the whole device, some unknown (alone)
+    needs = [rng.choice([5, 10, 30, 60, 100, 250, None]) for _ in range(60)]
+    await asyncio.wait_for(asyncio.gather(*[_step(gate, watch, n, rng, log) for n in needs]), timeout=30)
+    assert gate.reserved == 0 and not gate.holders
+    assert watch.max_sharing >= 2, "no two steps ever shared the device"
+    # exclusive windows never overlap one another
+    open_ = 0
+    for kind, _ in log:
+        open_ += 1 if kind == "start" else -1
+        assert open_ in (0, 1)
+
+
+async def test_an_alone_step_waits_for_every_reservation_and_holds_the_device_from_the_start():
+    gate = DeviceGate(("gpu", "9.0"), budget=100)
+    small = await gate.admit(10)
+    alone = asyncio.ensure_future(gate.admit(None))
+    later = asyncio.ensure_future(gate.admit(10))   # FIFO: not before the alone step
+    await asyncio.sleep(0.01)
+    assert not alone.done() and not later.done()
+    await gate.release(small)
+    grant = await asyncio.wait_for(alone, 1)
+    assert grant.state == EXCLUSIVE and gate.reserved == 100 and not later.done()
+    assert not small.overlapped and not grant.overlapped
+    await gate.release(grant)
+    assert (await asyncio.wait_for(later, 1)).need == 10
+
+
+async def test_a_step_waiting_for_its_timing_holds_no_shared_section():
+    """Two steps both in their shared sections both ask for the device alone: each gives its shared
+    section back before it waits, so neither waits for the other forever."""
+    gate = DeviceGate(("gpu", "9.0"), budget=100)
+    a, b = await gate.admit(10), await gate.admit(10)
+    assert a.overlapped and b.overlapped
+    await gate.shared(a)
+    await gate.shared(b)
+    wa = asyncio.ensure_future(gate.exclusive(a))
+    wb = asyncio.ensure_future(gate.exclusive(b))
+    await asyncio.wait_for(wa, 1)
+    assert a.state == EXCLUSIVE and b.state == WAITING and b.frozen and not wb.done()
+    # a new step cannot enter its shared section while a window is held or asked for
+    c = await gate.admit(10)
+    entering = asyncio.ensure_future(gate.shared(c))
+    await asyncio.sleep(0.01)
+    assert not entering.done()
+    await gate.done(a)
+    await asyncio.wait_for(wb, 1)
+    assert b.state == EXCLUSIVE and not b.frozen
+    await gate.done(b)
+    await asyncio.wait_for(entering, 1)
+    assert c.state == SHARED
+
+
+async def test_a_cancelled_waiter_leaves_the_queues():
+    gate = DeviceGate(("gpu", "9.0"), budget=10)
+    a = await gate.admit(8)
+    waiting = asyncio.ensure_future(gate.admit(8))
+    await asyncio.sleep(0.01)
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    after = asyncio.ensure_future(gate.admit(2))
+    assert (await asyncio.wait_for(after, 1)).need == 2
+    await gate.release(a)
