@@ -290,10 +290,11 @@ class EvalPool:
             out = await self._step(req, "run", bkey, eval_dir / f"run{attempt}", eval_id, cfg, backend,
                                    None, arch, limit, drop, gate, visible=gpu_index, need=need)
             attempt += 1
-            if out.data is None and out.killed_for is None and lost < cfg.lost_worker_retries:
-                lost += 1
+            if out.data is None and out.killed_for is None:
                 self._stats["lost_workers"] += 1
-                continue
+                lost += 1
+                if lost <= cfg.lost_worker_retries:
+                    continue
             if out.overlapped and need is not None and _maybe_crowded(out):
                 # a timeout or out-of-memory while others shared the device is never blamed on the
                 # answer before it is seen alone
