@@ -31,8 +31,8 @@ from bench.common import fmt, machine, percentile, table
 SELF_CANDIDATE = "\n\n# bench.kernelbench self-test: the reference is its own candidate\nclass ModelNew(Model):\n    pass\n"
 BIG_BYTES = 10**9          # "inputs over 1 GB": such tasks also share --max-big run slots (host RAM)
 # reported first; any other wall_s key the sandbox reports is added after them
-WALL_FIELDS = ("device_held", "total", "reference", "correctness", "timing")
-TARGETS = {"correct_share": 0.98, "speedup_lo": 0.9, "speedup_hi": 1.1}
+WALL_FIELDS = ("device_held", "device_exclusive", "device_shared", "total", "reference", "correctness", "timing")
+TARGETS = {"correct_share": 0.98, "speedup_lo": 0.9, "speedup_hi": 1.1, "evals_per_min": 30.0, "held_p50_level1_s": 1.5}
 _FILE_RE = re.compile(r"^(\d+)_(.+)\.py$")
 _ANSWER_RE = re.compile(r"^(\d+)_(\d+_.+)\.py$")
 
@@ -185,14 +185,23 @@ async def selftest(args: argparse.Namespace, recs: list[dict[str, Any]], deadlin
     share = len(ok) / len(ran) if ran else float("nan")
     med = percentile(speed, 50)
     loaded = [r for r in ran if r["verdict"] != "load_failed"]  # a broken task file is not the harness's fault
+    rate = len(evaluated) / wall * 60 if wall > 0 else float("nan")
+    by_level = {f"L{lv}": {f: dist([r["wall_s"][f] for r in evaluated if r["level"] == lv and f in r["wall_s"]])
+                           for f in ("device_held", "device_exclusive", "device_shared")}
+                for lv in sorted({r["level"] for r in evaluated})}
+    held_l1 = by_level.get("L1", {}).get("device_held", {}).get("p50", float("nan"))
     return {"tasks": len(recs), "attempted": len(ran), "correct": len(ok), "correct_share": share,
             "correct_share_loaded": len(ok) / len(loaded) if loaded else float("nan"),
             "target_correct_share_ge_98pct": "met" if share >= TARGETS["correct_share"] else "MISSED",
             "speedup": dist(speed),
             "target_median_speedup_0.9_1.1": "n/a" if not speed else
             ("met" if TARGETS["speedup_lo"] <= med <= TARGETS["speedup_hi"] else "MISSED"),
-            "wall_s": wall_dist(evaluated), "phase_wall_s": wall,
-            "evals_per_min": len(evaluated) / wall * 60 if wall > 0 else float("nan"),
+            "wall_s": wall_dist(evaluated), "phase_wall_s": wall, "wall_s_by_level": by_level,
+            "evals_per_min": rate,
+            "target_evals_per_min_ge_30": "met" if rate >= TARGETS["evals_per_min"] else "MISSED",
+            "target_held_p50_level1_le_1.5s": "n/a" if held_l1 != held_l1 else
+            ("met" if held_l1 <= TARGETS["held_p50_level1_s"] else "MISSED"),
+            "reran_alone": sum(1 for r in evaluated if r["wall_s"].get("reran_alone")),
             "not_run": [r["task"] for r in recs if r.get("verdict") == "not_run"],
             "cancelled": [r["task"] for r in recs if r.get("verdict") == "cancelled"],
             "failures": failures(recs), "failure_kinds": dict(Counter(f["verdict"] for f in failures(recs))),
@@ -334,9 +343,18 @@ def print_report(result: dict[str, Any], max_rows: int = 40) -> None:
                 {"metric": "not correct by verdict", "value": json.dumps(s["failure_kinds"]), "target": ""},
                 {"metric": "speedup p10/p50/p90", "value": "/".join(fmt(s["speedup"][q]) for q in ("p10", "p50", "p90")),
                  "target": f"p50 in [0.9, 1.1]: {s['target_median_speedup_0.9_1.1']}"},
-                {"metric": "evals/min", "value": fmt(s["evals_per_min"]), "target": ""},
+                {"metric": "evals/min", "value": fmt(s["evals_per_min"]),
+                 "target": f">= 30: {s['target_evals_per_min_ge_30']}"},
+                {"metric": "re-run alone (timeout/OOM while sharing)", "value": str(s["reran_alone"]), "target": ""},
                 {"metric": "not run (budget) / cancelled", "value": f"{len(s['not_run'])} / {len(s['cancelled'])}",
                  "target": ""}]
+        for level, fields in s["wall_s_by_level"].items():
+            for f, d in fields.items():
+                target = (f"p50 <= 1.5 s: {s['target_held_p50_level1_le_1.5s']}"
+                          if (level, f) == ("L1", "device_held") else "")
+                rows.append({"metric": f"{level} wall_s.{f} p10/p50/p90",
+                             "value": "/".join(fmt(d[q]) for q in ("p10", "p50", "p90")),
+                             "target": f"{target} n={d['n']}".strip()})
         rows += [{"metric": f"wall_s.{f} p10/p50/p90", "value": "/".join(fmt(d[q]) for q in ("p10", "p50", "p90")),
                   "target": f"n={d['n']}"} for f, d in s["wall_s"].items()]
         print(table(rows), flush=True)

@@ -156,9 +156,11 @@ class DeviceGate:
 
 
 async def serve_gate(sock: Any, gate: DeviceGate, need: int | None, limit_s: float, clock: dict[str, Any],
-                     freeze: Callable[[bool], None]) -> None:
+                     freeze: Callable[[bool], None], estimate: Callable[[dict[str, Any]], int | None]) -> None:
     """The pool's end of one step's gate socket (sandbox/gate.py is the judge's): admission and the
     shared section on ``ready``, the exclusive window on ``exclusive``, the window back on ``done``.
+    ``need``: bytes to reserve (None: alone), or -1: ``estimate`` of the footprint the judge sends
+    with ``ready`` (its trusted meta-device measure; none: alone).
     ``clock``: the step's ``deadline`` (no deadline while it waits; ``limit_s`` from admission; an
     exclusive wait added), and what it records: ``grant``, ``admitted``, ``device_shared``,
     ``exclusive_from``, ``device_exclusive``. Only the judge holds the other end."""
@@ -181,6 +183,9 @@ async def serve_gate(sock: Any, gate: DeviceGate, need: int | None, limit_s: flo
             grant = clock.get("grant")
             if msg.get("ready") and grant is None:
                 clock["deadline"] = math.inf  # waiting for the device is not the step's time
+                if need == -1:
+                    fp = msg.get("footprint")
+                    need = estimate(fp) if isinstance(fp, dict) else None
                 grant = clock["grant"] = await gate.admit(need, freeze)
                 await gate.shared(grant)
                 clock["admitted"] = now = time.monotonic()

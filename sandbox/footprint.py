@@ -76,3 +76,17 @@ def too_big(fp: Footprint, memory: int) -> str | None:
     return (f"needs at least {fp.minimum_bytes / 2**30:.1f} GiB on the device (inputs {fp.input_bytes / 2**30:.1f} "
             f"GiB twice, parameters {fp.param_bytes / 2**30:.1f} GiB twice, outputs "
             f"{(fp.output_bytes or 0) / 2**30:.1f} GiB twice), the GPU has {memory / 2**30:.1f} GiB")
+
+
+def step_estimate(fp: Footprint, input_sets: int, flush_bytes: int, poison_bytes: int, context_bytes: int) -> int:
+    """Device memory one run step may hold at once, from the meta-device footprint (before any step
+    of the task has measured its peaks): the judge's input buffers, check set and fresh draw, its
+    copy of an output and its cache flush buffer; each runner's parameters and up to three outputs'
+    worth of results and intermediates; the NaN poison the candidate frees before a call; a CUDA
+    context per process. Generous on purpose: an estimate too small is caught only when a step
+    runs out of memory (and is then run again alone)."""
+    inputs, outputs = fp.input_bytes, fp.output_bytes or 0
+    poison = max(poison_bytes, min(2 * inputs, 8 << 30))  # as sandbox/run_step.py poisons
+    judge = inputs * (input_sets + 2) + outputs + flush_bytes
+    runners = 2 * (fp.param_bytes + 3 * outputs) + poison
+    return judge + runners + 3 * context_bytes

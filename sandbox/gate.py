@@ -20,10 +20,11 @@ class Gate:
     def __init__(self, fd: int):
         self.fd, self.buf = fd, b""
 
-    def wait(self) -> tuple[float, Any]:
-        """Admission and the shared section: (seconds spent waiting, the granted device index or None)."""
+    def wait(self, footprint: dict[str, int] | None = None) -> tuple[float, Any]:
+        """Admission and the shared section: (seconds spent waiting, the granted device index or None).
+        ``footprint``: the task's meta-device bytes, which the pool admits on until it has measured."""
         t = time.monotonic()
-        grant = self._ask({"ready": True})
+        grant = self._ask({"ready": True, "footprint": footprint})
         return time.monotonic() - t, grant.get("device")
 
     def exclusive(self) -> float:

@@ -284,7 +284,7 @@ class EvalPool:
         limit = req["timeout_s"] + max(30.0, req["timeout_s"])
         # a task's first GPU step runs alone and measures what later ones reserve; the host's slots
         # are counted, not measured
-        need: int | None = self._footprints.get(tkey) if on_gpu else 1
+        need: int | None = self._footprints.get(tkey, -1) if on_gpu else 1  # -1: the judge's estimate
         attempt = lost = 0
         while True:
             out = await self._step(req, "run", bkey, eval_dir / f"run{attempt}", eval_id, cfg, backend,
@@ -302,7 +302,7 @@ class EvalPool:
                 need = None
                 continue
             break
-        if on_gpu and out.data is not None and not out.overlapped:
+        if on_gpu and out.data is not None:  # each process's own peak: others on the device do not change it
             self._learn_footprint(tkey, out.data.get("task_profile"), cfg)
         res = self._verdict(out, "run", cfg)
         res.backend, res.trials = backend, cfg.correctness_trials
@@ -588,7 +588,8 @@ class EvalPool:
         served = None
         if gate is not None and gate_ours is not None:
             served = asyncio.ensure_future(serve_gate(gate_ours, gate, need, limit_s, clock,
-                                                      lambda on: _freeze(proc.pid, marker, on)))
+                                                      lambda on: _freeze(proc.pid, marker, on),
+                                                      lambda fp: _estimate(fp, cfg)))
         try:
             await _write_raw(proc, step.to_json(), close=True)
             while True:
@@ -735,6 +736,19 @@ def _maybe_crowded(out: _StepOutcome) -> bool:
     data = out.data or {}
     text = f"{data.get('error_kind')} {data.get('error')}".lower()
     return data.get("error_kind") in ("timeout", "memory_limit") or "out of memory" in text
+
+
+def _estimate(fp: dict[str, Any], cfg: EvalConfig) -> int | None:
+    """Bytes to admit a step on from the judge's meta-device footprint (sandbox.footprint)."""
+    from sandbox.footprint import Footprint, step_estimate
+
+    try:
+        parts = [int(fp[k]) for k in ("input_bytes", "param_bytes", "output_bytes", "input_sets")]
+    except (KeyError, TypeError, ValueError):
+        return None
+    if min(parts) < 0:
+        return None
+    return step_estimate(Footprint(*parts[:3]), parts[3], cfg.gpu_flush_bytes, cfg.poison_bytes, cfg.gpu_context_bytes)
 
 
 def _gpu_memory() -> dict[int, int]:

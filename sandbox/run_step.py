@@ -68,7 +68,7 @@ class RunStep:
                     if isinstance(reported, list) else []
         device = None
         if self.gate is not None:
-            waited, device = self.gate.wait()
+            waited, device = self.gate.wait(self._footprint())
             wall["device_wait"] = round(waited, 3)
         if device is not None and req.device.startswith("cuda"):
             os.environ["CUDA_VISIBLE_DEVICES"] = str(device)
@@ -126,6 +126,23 @@ class RunStep:
         self.result["flags"] = sorted(set(self.result["flags"]) | set(
             protocol.speedup_flags(speedup, float(req.excessive_speedup))))
         return self.result
+
+    def _footprint(self) -> dict[str, int] | None:
+        """The task's footprint on the meta device (trusted task code, no answer imported yet): what
+        the pool admits the step on until a step of the task has measured its peaks."""
+        if not self.req.device.startswith("cuda"):
+            return None
+        from sandbox import footprint
+
+        try:
+            fp = footprint.measure(self.req.task_src, "task")
+        except Exception:  # noqa: BLE001 - no estimate: the step is admitted alone
+            return None
+        if fp.output_bytes is None:
+            return None
+        sets = 1 if fp.input_bytes > _BIG_INPUTS else int(self.req.input_sets)
+        return {"input_bytes": fp.input_bytes, "param_bytes": fp.param_bytes, "output_bytes": fp.output_bytes,
+                "input_sets": sets}
 
     def _spent(self, part: str, since: float) -> None:
         """Add the seconds since ``since`` to ``wall_s["part_<part>"]``: where a held window goes."""
