@@ -53,3 +53,23 @@ def test_a_task_no_gpu_here_can_hold_is_named_at_load(monkeypatch, tmp_path):
                              skip_invalid_tasks=True)
     env = KernelEnv(cfg, eval_pool=None)
     assert [t.task_id for t in env.tasks("train")] == ["L1/2_small"]
+
+
+def test_a_step_is_admitted_on_at_least_what_it_holds_at_the_least():
+    """The estimate a GPU run step is admitted on before its task has measured peaks (the judge
+    sends the meta-device footprint with its ready): never below the bare minimum the judge and both
+    runners hold, and each part of the footprint raises it."""
+    from sandbox.pool import _estimate
+    from sandbox.config import load_default_config
+
+    cfg = load_default_config()
+    fp = footprint.measure(BIG)
+    est = footprint.step_estimate(fp, 2, cfg.gpu_flush_bytes, cfg.poison_bytes, cfg.gpu_context_bytes)
+    assert est >= fp.minimum_bytes + 3 * cfg.gpu_context_bytes
+    sent = {"input_bytes": fp.input_bytes, "param_bytes": fp.param_bytes, "output_bytes": fp.output_bytes,
+            "input_sets": 2}
+    assert _estimate(sent, cfg) == est
+    for key in ("input_bytes", "param_bytes", "output_bytes", "input_sets"):
+        assert _estimate({**sent, key: sent[key] * 2}, cfg) > est, key
+    assert _estimate({**sent, "output_bytes": None}, cfg) is None   # no estimate: admitted alone
+    assert _estimate({**sent, "input_bytes": -1}, cfg) is None
