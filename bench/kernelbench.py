@@ -31,7 +31,9 @@ from bench.common import fmt, machine, percentile, table
 SELF_CANDIDATE = "\n\n# bench.kernelbench self-test: the reference is its own candidate\nclass ModelNew(Model):\n    pass\n"
 BIG_BYTES = 10**9          # "inputs over 1 GB": such tasks also share --max-big run slots (host RAM)
 # reported first; any other wall_s key the sandbox reports is added after them
-WALL_FIELDS = ("device_held", "device_exclusive", "device_shared", "total", "reference", "correctness", "timing")
+# device_active: device_held less the wait for the exclusive window (admitted and idle meanwhile)
+WALL_FIELDS = ("device_held", "device_active", "device_exclusive", "device_shared", "total", "reference",
+               "correctness", "timing")
 TARGETS = {"correct_share": 0.98, "speedup_lo": 0.9, "speedup_hi": 1.1, "evals_per_min": 30.0, "held_p50_level1_s": 1.5}
 _FILE_RE = re.compile(r"^(\d+)_(.+)\.py$")
 _ANSWER_RE = re.compile(r"^(\d+)_(\d+_.+)\.py$")
@@ -131,6 +133,8 @@ async def evaluate_all(pool: Any, items: list[dict[str, Any]], backend: str, arg
                 t = time.monotonic()
                 it["verdict"] = "cancelled"  # stays if the drain limit cancels it
                 res = await pool.evaluate(it["ref"], it["cand"], backend, key=f"kb-{phase}-{i}")
+        if "device_held" in res.wall_s:
+            res.wall_s["device_active"] = round(res.wall_s["device_held"] - res.wall_s.get("exclusive_wait", 0.0), 3)
         it.update(verdict="correct" if res.correct else (res.error_kind or "not_correct"),
                   error_kind=res.error_kind, error=(res.error or "")[:200] or None, speedup=res.speedup,
                   ref_ms=res.ref_runtime_ms, new_ms=res.new_runtime_ms, cache_hit=res.cache_hit,
@@ -187,7 +191,7 @@ async def selftest(args: argparse.Namespace, recs: list[dict[str, Any]], deadlin
     loaded = [r for r in ran if r["verdict"] != "load_failed"]  # a broken task file is not the harness's fault
     rate = len(evaluated) / wall * 60 if wall > 0 else float("nan")
     by_level = {f"L{lv}": {f: dist([r["wall_s"][f] for r in evaluated if r["level"] == lv and f in r["wall_s"]])
-                           for f in ("device_held", "device_exclusive", "device_shared")}
+                           for f in ("device_held", "device_active", "device_exclusive", "device_shared")}
                 for lv in sorted({r["level"] for r in evaluated})}
     held_l1 = by_level.get("L1", {}).get("device_held", {}).get("p50", float("nan"))
     return {"tasks": len(recs), "attempted": len(ran), "correct": len(ok), "correct_share": share,
