@@ -41,6 +41,7 @@ async def amain(args: Any) -> int:
     gpu = args.backend != "cpu"
     parallel = args.parallel or (8 if gpu else 2)
     follow_each = (args.follow or ("needed" if gpu else "each")) == "each"
+    queue = (args.schedule or ("queue" if gpu else "groups")) == "queue"
     base = Path(args.base or tempfile.mkdtemp(prefix="redteam_"))
     site = rt.Site(base)
     site.start()
@@ -53,16 +54,19 @@ async def amain(args: Any) -> int:
     t0 = time.monotonic()
     progress = _Progress(len(wanted), t0)
     overrides: dict[str, Any] = {"compile_workers": args.compile_workers}
-    if gpu:  # room for every answer in flight, a victim beside one of them, and a correct answer
-        overrides.update(memory_limit_bytes=64 * 2**30, max_concurrent=parallel + 2)
+    if queue:  # room for every answer in flight, a victim beside one of them, and a correct answer
+        overrides["max_concurrent"] = parallel + 2
+    if gpu:
+        overrides["memory_limit_bytes"] = 64 * 2**30
     try:
         async with EvalPool(rt.config(site.cache, run_timeout_s=args.run_timeout, **overrides)) as pool:
-            await rt.prime(pool, args.backend)
+            used = {rt.ANSWERS[n].task for n in wanted}
+            await rt.prime(pool, args.backend, tuple(t for t in ("relu", "tiny", "copy") if t in used))
             print(f"[bench.redteam] pool ready, references primed ({time.monotonic() - t0:.1f} s); "
                   f"{len(wanted)} answers, {parallel} in flight", flush=True)
-            batches = [("all", wanted)] if gpu else [(g, [n for n in wanted if rt.ANSWERS[n].group == g]) for g in "ABC"]
+            batches = [("all", wanted)] if queue else [(g, [n for n in wanted if rt.ANSWERS[n].group == g]) for g in "ABC"]
             for label, names in batches:
-                outcomes = await _run(pool, rt, site, names, args, parallel, follow_each, t0, progress)
+                outcomes = await _run(pool, rt, site, names, args, parallel, follow_each, queue, t0, progress)
                 rows += [_row(rt, site, name, outcomes[name], args.backend) for name in names]
                 host[label] = site.host_problems()
                 rt.cleanup_shm(site)
@@ -88,6 +92,7 @@ async def amain(args: Any) -> int:
                "known_holes": [r["answer"] for r in answers if r["known_hole"]],
                "unexpected": [r["answer"] for r in rows if not r["as_expected"] and not r["known_hole"]],
                "host_after": host, "follow": "each" if follow_each else "needed", "parallel": parallel,
+               "schedule": "queue" if queue else "groups",
                "adaptive_stale_cheat": adaptive, "wall_s": round(wall, 1)}
     md = table([{"answer": r["answer"], "what it tries": _cell(r["tries"], 110), "expected": _cell(r["expected"]),
                  "got": _cell(r["got"]), "reason": _cell(r["reason"], 110)}
@@ -117,10 +122,10 @@ class _Progress:
 
 
 async def _run(pool: Any, rt: Any, site: Any, names: list[str], args: Any, parallel: int, follow_each: bool,
-               t0: float, progress: _Progress) -> dict[str, Any]:
+               queue: bool, t0: float, progress: _Progress) -> dict[str, Any]:
     """Every answer of ``names``: an Outcome, an exception (the bench's, not the answer's) or None
-    (not started: past ``--budget``). CPU: the timing-bound ones after the rest, alone, on one core."""
-    gpu = args.backend != "cpu"
+    (not started: past ``--budget``). ``queue``: all of them ``parallel`` at a time; otherwise the
+    timing-bound ones after the rest, alone, on one core (as the CPU tests run them)."""
     out: dict[str, Any] = {}
     gate = asyncio.Semaphore(parallel)
 
@@ -144,7 +149,7 @@ async def _run(pool: Any, rt: Any, site: Any, names: list[str], args: Any, paral
 
     # builds take longest: started first, so they overlap the rest
     order = sorted(names, key=lambda n: "load_inline" not in rt.ANSWERS[n].source)
-    if gpu:
+    if queue:
         await asyncio.gather(*(one(n) for n in order))
         return out
     await asyncio.gather(*(one(n) for n in order if not rt.solo(n)))
@@ -209,7 +214,7 @@ def _cell(text: Any, limit: int = 0) -> str:
     return text if not limit or len(text) <= limit else text[:limit - 3] + "..."
 
 
-def main() -> None:
+def arguments() -> Any:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--backend", default="cpu", choices=("cpu", "triton", "cuda"))
     p.add_argument("--only", default="", help="comma-separated name prefixes (A03,B1,...)")
@@ -221,6 +226,9 @@ def main() -> None:
     p.add_argument("--follow", choices=("each", "needed"), default=None,
                    help="the correct answer after every answer (cpu default), or only after those judged against "
                         "it plus one per task at the end (GPU default)")
+    p.add_argument("--schedule", choices=("groups", "queue"), default=None,
+                   help="groups A, B, C in turn with the timing-bound answers alone (cpu default), or every "
+                        "answer in one queue (GPU default: the device gate keeps timings exclusive)")
     p.add_argument("--compile-workers", type=int, default=2, help="the pool's compile_workers")
     p.add_argument("--budget", type=float, default=float("inf"),
                    help="seconds after which no answer is started (reported as not run)")
@@ -228,8 +236,11 @@ def main() -> None:
                    help="wall limit of one answer with its correct answer (a bench error past it)")
     p.add_argument("--adaptive", type=int, default=0,
                    help="also run the adaptive stale cheat (statistical) this many times")
-    args = p.parse_args()
-    raise SystemExit(asyncio.run(amain(args)))
+    return p
+
+
+def main() -> None:
+    raise SystemExit(asyncio.run(amain(arguments().parse_args())))
 
 
 if __name__ == "__main__":
