@@ -71,8 +71,10 @@ async def amain(args: Any) -> int:
                 host[label] = site.host_problems()
                 rt.cleanup_shm(site)
             if not follow_each:  # one correct answer per task, after every answer
-                for task in sorted({rt.ANSWERS[n].task for n in wanted}):
-                    r = await pool.evaluate(rt.TASKS[task], rt.CORRECT[task], args.backend, key=f"redteam-after-{task}")
+                tasks = sorted({rt.ANSWERS[n].task for n in wanted})
+                after = await asyncio.gather(*(pool.evaluate(rt.TASKS[t], rt.CORRECT[t], args.backend,
+                                                             key=f"redteam-after-{t}") for t in tasks))
+                for task, r in zip(tasks, after):
                     rows.append(_after_row(task, r))
                     print(f"[bench.redteam] correct answer to {task} after all: {_got(r)}", flush=True)
             adaptive = await _adaptive(pool, rt, site, args) if args.adaptive else None
