@@ -148,6 +148,9 @@ async def _run(pool: Any, rt: Any, site: Any, names: list[str], args: Any, paral
             text = f"bench error {o!r}" if isinstance(o, Exception) else \
                 f"{rt.got(o)} -- {rt.problems(o, site, args.backend) or 'ok'}"
             progress(name, f"{text} ({time.monotonic() - t:.1f} s)")
+            if args.out:  # each row as it comes: a run cut short by its call's limit still leaves them
+                with open(Path(args.out).with_suffix(".partial.jsonl"), "a") as f:
+                    f.write(json.dumps(_row(rt, site, name, o, args.backend), default=str) + "\n")
 
     # builds take longest: started first, so they overlap the rest
     order = sorted(names, key=lambda n: "load_inline" not in rt.ANSWERS[n].source)

@@ -27,6 +27,8 @@ async def test_the_queue_schedule_writes_every_answer_and_the_correct_answers_af
     assert rows["A01_cache_few_values_on_self"]["follow"]["correct"] and not rows["A03_cache_by_data_ptr"]["follow"]
     assert data["summary"]["schedule"] == "queue" and data["summary"]["not_run"] == []
     assert "A09_zeros" in out.with_suffix(".md").read_text()
+    partial = [json.loads(line)["answer"] for line in out.with_suffix(".partial.jsonl").read_text().splitlines()]
+    assert sorted(partial) == ["A01_cache_few_values_on_self", "A03_cache_by_data_ptr", "A09_zeros"]
 
 
 async def test_answers_past_the_budget_are_listed_as_not_run(tmp_path):
