@@ -802,6 +802,28 @@ ANSWERS: dict[str, Answer] = {
         note=PRLIMIT_HOLE),
 }
 
+# What each item of the issues asks the red team for, and the answers that do it (name prefixes):
+# tests/sandbox/test_redteam.py checks that every item has one and every name exists.
+COVERS: dict[str, tuple[str, ...]] = {
+    "22.1 cached, stale or constant outputs, work in the first call only": (
+        "A01", "A02", "A03", "A04", "A05", "A06", "A07", "A08", "A13", "A14", "A15", "A17"),
+    "22.2 degenerate outputs at loose tolerances": ("A09", "A10", "A11", "A31"),
+    "22.4 the driver's secrets with the rules off": ("A30", "B06"),
+    "24.4 home files": ("B01", "B02", "B03", "B04", "B05", "B14"),
+    "24.4 the Ray token": ("B07",),
+    "24.4 the run dir and the checkout": ("B09",),
+    "24.4 another evaluation's dir": ("B08",),
+    "24.4 /proc of the driver": ("A29", "B06"),
+    "24.4 through C++": ("B10", "B15"),
+    "24.4 through the build step (#include, flags, module code)": ("B10", "B11", "B12", "B13"),
+    "25.1 answer text on a trusted process's command line": ("C01", "B11", "B12"),
+    "25.2 forged timings and replies": ("A16", "A22", "A23", "A24", "A25", "C02"),
+    "25.3 aliasing and tampering": ("A12", "A19", "A20", "A21", "A27", "C03"),
+    "25.4 privileges": ("C04", "C07", "C08", "C10", "A32"),
+    "25.5 sockets, shared memory and storage": ("C05", "C06", "C09"),
+}
+
+
 # the answer of the victim evaluation that B08 reads (its work dir holds $VICTIM_SECRET meanwhile)
 VICTIM = forward("if self.first:\n    self.first = False\n    time.sleep(6.0)\nreturn x.clamp_min(0)",
                  init="with open('victim_secret.txt', 'w') as f:\n    f.write($VICTIM_SECRET)\nself.first = True")
