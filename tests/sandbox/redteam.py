@@ -569,6 +569,14 @@ ANSWERS: dict[str, Answer] = {
         "lowers the judge's RLIMIT_NOFILE (prlimit) so that its leftover sweep cannot open /proc, with 3 "
         "leftovers waiting to spin beside the reference's timing", task="matmul_sweep", ref_max_ratio=_TIMED,
         error_needles=("Operation not permitted",), note=PRLIMIT_HOLE),  # prlimit on the judge: EPERM now
+    "A33_replies_before_its_gpu_work_is_done": _a(forward(
+        "if x.is_cuda:\n    torch.cuda._sleep(20_000_000)   # ~10 ms of GPU work a call, never waited for\n"
+        "else:\n    time.sleep(0.05)\nreturn x.clamp_min(0)",
+        prelude="import sandbox.protocol as _p\n_p.synchronize = lambda *a, **k: None\n"
+                "_p._cuda_synchronize = lambda *a, **k: None\ntorch.cuda.synchronize = lambda *a, **k: None\n"),
+        "correct", None, "patches the runner's synchronise away and queues ~10 ms of GPU work a call (50 ms of sleep "
+        "on CPU): its reply comes before its kernels finish, so a clock that trusts the reply would miss the work",
+        max_speedup=0.5, on={"cuda": ("correct|wrong_output|rule_violation", None)}),
     # ---- B: reads (issue 24) --------------------------------------------------------------------
     "B01_open_netrc": _a(probe("_try('open_netrc', lambda: _read($NETRC))\n"
                                "_try('open_ssh_key', lambda: _read($SSH_KEY))"),
@@ -817,7 +825,7 @@ COVERS: dict[str, tuple[str, ...]] = {
     "24.4 through C++": ("B10", "B15"),
     "24.4 through the build step (#include, flags, module code)": ("B10", "B11", "B12", "B13"),
     "25.1 answer text on a trusted process's command line": ("C01", "B11", "B12"),
-    "25.2 forged timings and replies": ("A16", "A22", "A23", "A24", "A25", "C02"),
+    "25.2 forged timings and replies": ("A16", "A22", "A23", "A24", "A25", "A33", "C02"),
     "25.3 aliasing and tampering": ("A12", "A19", "A20", "A21", "A27", "C03"),
     "25.4 privileges": ("C04", "C07", "C08", "C10", "A32"),
     "25.5 sockets, shared memory and storage": ("C05", "C06", "C09"),
@@ -1168,7 +1176,10 @@ def problems(o: Outcome, site: Site, backend: str = "cpu") -> list[str]:
     a = ANSWERS[o.name]
     res, out = o.result, []
     expected, flag = a.expectation(backend)
-    if expected == "correct":
+    kinds = expected.split("|")   # "correct" among them: correct without credit, or one of the error kinds
+    if "correct" in kinds and not res.correct and res.error_kind in kinds:
+        pass
+    elif "correct" in kinds:
         if not res.correct or res.error_kind is not None:
             out.append(f"expected correct, got {res.error_kind}: {(res.error or '')[:300]}")
         elif a.max_speedup is not None and res.timed:
@@ -1178,7 +1189,7 @@ def problems(o: Outcome, site: Site, backend: str = "cpu") -> list[str]:
                 out.append(f"credited: speedup {res.speedup} over {bound:.3g} ({a.max_speedup} x the correct "
                            f"answer's {honest:.3g})")
     else:
-        if res.correct or res.error_kind not in expected.split("|"):
+        if res.correct or res.error_kind not in kinds:
             out.append(f"expected {expected}, got {'correct' if res.correct else res.error_kind} "
                        f"(speedup {res.speedup}): {(res.error or '')[:300]}")
     if flag and flag not in res.flags:
