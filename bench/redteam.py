@@ -64,7 +64,8 @@ async def amain(args: Any) -> int:
             await rt.prime(pool, args.backend, tuple(t for t in ("relu", "tiny", "copy") if t in used))
             print(f"[bench.redteam] pool ready, references primed ({time.monotonic() - t0:.1f} s); "
                   f"{len(wanted)} answers, {parallel} in flight", flush=True)
-            batches = [("all", wanted)] if queue else [(g, [n for n in wanted if rt.ANSWERS[n].group == g]) for g in "ABC"]
+            batches = [("all", wanted)] if queue else \
+                [(g, [n for n in wanted if rt.ANSWERS[n].group == g]) for g in "ABC"]
             for label, names in batches:
                 outcomes = await _run(pool, rt, site, names, args, parallel, follow_each, queue, t0, progress)
                 rows += [_row(rt, site, name, outcomes[name], args.backend) for name in names]
@@ -192,7 +193,8 @@ def _got(r: Any) -> str:
 
 
 def _after_row(task: str, r: Any) -> dict[str, Any]:
-    return {"answer": f"after_all_{task}", "group": "after", "tries": f"the correct answer to {task}, after every answer",
+    return {"answer": f"after_all_{task}", "group": "after",
+            "tries": f"the correct answer to {task}, after every answer",
             "expected": "correct", "got": _got(r), "reason": "", "as_expected": bool(r.correct),
             "known_hole": False, "problems": [] if r.correct else [_got(r)], "result": r.to_dict(), "follow": {},
             "new_ms": r.new_runtime_ms, "ref_ms": r.ref_runtime_ms, "honest_speedup": r.speedup, "seconds": None}
