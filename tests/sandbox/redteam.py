@@ -256,6 +256,58 @@ def _load_inline(cpp: str, cflags: str = "[]", prelude: str = "") -> str:
 
 _CPP_RELU = "'torch::Tensor relu(torch::Tensor x) { return x.clamp_min(0); }'"
 
+# B15: C++ that reads secrets, the way the issue's leak did (an exception carrying a file's bytes into
+# the verdict's error): a static initialiser (it runs where the .so is loaded: the compile step, then
+# the run step) and a function the answer calls on each path. A read that works throws "LEAK:" with
+# the bytes read; a refused one returns the error. The paths arrive as #defines made from $NAME
+# values, so the build is the answer's own (one cold C++ build: ~40 s on the 2-core CI box).
+_CPP_READS = r"""
+#include <torch/extension.h>
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <stdexcept>
+#include <string>
+#include <unistd.h>
+
+static std::string slurp(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return std::string("denied ") + std::strerror(errno);
+  char buf[4096];
+  ssize_t n = ::read(fd, buf, sizeof buf);
+  ::close(fd);
+  if (n < 0) return std::string("denied ") + std::strerror(errno);
+  return "LEAK:" + std::string(buf, n);
+}
+
+static std::string at_load = slurp(REDTEAM_NETRC);   // a static initialiser: runs at dlopen
+
+std::string init_report() { return at_load; }
+
+std::string leak(std::string path) {
+  std::string got = slurp(path);
+  if (got.rfind("LEAK:", 0) == 0) throw std::runtime_error(got);   // the issue's channel: the error text
+  return got;
+}
+
+torch::Tensor relu(torch::Tensor x) { return x.clamp_min(0); }
+"""
+CPP_READS = (HEADER + "from torch.utils.cpp_extension import load_inline\n"
+             "_src = '#define REDTEAM_NETRC ' + json.dumps($NETRC) + '\\n' + " + repr(_CPP_READS) + "\n"
+             "_mod = load_inline(name='redteam_reads', cpp_sources=[_src], functions=['init_report', 'leak', 'relu'], "
+             "verbose=False)\n"
+             "_init = _mod.init_report()\n"
+             "if _init.startswith('LEAK:'):\n    raise RuntimeError(_init)\n"
+             "print('REDTEAM cpp_static_init_netrc:', _init, flush=True)\n\n\n"
+             "class ModelNew(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+             "        for label, path in (('netrc', $NETRC), ('ssh_key', $SSH_KEY), ('ray_token', $RAY_TOKEN),\n"
+             "                            ('shadow', '/etc/shadow'),\n"
+             "                            ('checkout_readme', os.path.join($PROJECT_ROOT, 'README.md')),\n"
+             "                            ('judge_environ', '/proc/1/environ')):\n"
+             "            got = _mod.leak(path)\n"
+             "            print(f'REDTEAM cpp_open_{label}: {got}', flush=True)\n\n"
+             "    def forward(self, x):\n        return _mod.relu(x)\n")
+
 
 class Answer(NamedTuple):
     source: str                  # string.Template text ($NAME: a literal from Site.values())
@@ -518,6 +570,14 @@ ANSWERS: dict[str, Answer] = {
         "lowers the judge's RLIMIT_NOFILE (prlimit) so that its leftover sweep cannot open /proc, with 3 "
         "leftovers waiting to spin beside the reference's timing", task="matmul_sweep", ref_max_ratio=_TIMED,
         error_needles=("Operation not permitted",), note=PRLIMIT_HOLE),  # prlimit on the judge: EPERM now
+    "A33_replies_before_its_gpu_work_is_done": _a(forward(
+        "if x.is_cuda:\n    torch.cuda._sleep(20_000_000)   # ~10 ms of GPU work a call, never waited for\n"
+        "else:\n    time.sleep(0.05)\nreturn x.clamp_min(0)",
+        prelude="import sandbox.protocol as _p\n_p.synchronize = lambda *a, **k: None\n"
+                "_p._cuda_synchronize = lambda *a, **k: None\ntorch.cuda.synchronize = lambda *a, **k: None\n"),
+        "correct", None, "patches the runner's synchronise away and queues ~10 ms of GPU work a call (50 ms of sleep "
+        "on CPU): its reply comes before its kernels finish, so a clock that trusts the reply would miss the work",
+        max_speedup=0.5, on={"cuda": ("correct|wrong_output|rule_violation", None)}),
     # ---- B: reads (issue 24) --------------------------------------------------------------------
     "B01_open_netrc": _a(probe("_try('open_netrc', lambda: _read($NETRC))\n"
                                "_try('open_ssh_key', lambda: _read($SSH_KEY))"),
@@ -604,6 +664,13 @@ ANSWERS: dict[str, Answer] = {
         _try('open_by_handle_at_netrc', by_handle)
         """), "correct", None, "open_by_handle_at of the planted .netrc with a handle made on the host", group="B",
         log_needles=("REDTEAM open_by_handle_at_netrc: denied",)),
+
+    "B15_cpp_extension_reads_and_raises": _a(
+        CPP_READS, "correct", None, "a C++ extension reads the planted .netrc in a static initialiser (compile and "
+        "run step) and the .netrc, ssh key, Ray token, /etc/shadow, the checkout's README and the judge's environ "
+        "with open()/read() at run time, throwing the bytes read as its error (the issue's leak)", group="B",
+        log_needles=("REDTEAM cpp_static_init_netrc: denied", "REDTEAM cpp_open_netrc: denied",
+                     "REDTEAM cpp_open_ray_token: denied")),
 
     # ---- C: escapes (issue 25) ------------------------------------------------------------------
     "C01_wrapper_flag_runs_a_script": _a(_load_inline(_CPP_RELU, "['-O2', '-wrapper', '/bin/sh,' + $WRAPPER]"),
@@ -743,6 +810,28 @@ ANSWERS: dict[str, Answer] = {
         "reference runner with prlimit (closed: seccomp allows prlimit64 on itself only)", group="C",
         note=PRLIMIT_HOLE),
 }
+
+# What each item of the issues asks the red team for, and the answers that do it (name prefixes):
+# tests/sandbox/test_redteam.py checks that every item has one and every name exists.
+COVERS: dict[str, tuple[str, ...]] = {
+    "22.1 cached, stale or constant outputs, work in the first call only": (
+        "A01", "A02", "A03", "A04", "A05", "A06", "A07", "A08", "A13", "A14", "A15", "A17"),
+    "22.2 degenerate outputs at loose tolerances": ("A09", "A10", "A11", "A31"),
+    "22.4 the driver's secrets with the rules off": ("A30", "B06"),
+    "24.4 home files": ("B01", "B02", "B03", "B04", "B05", "B14"),
+    "24.4 the Ray token": ("B07",),
+    "24.4 the run dir and the checkout": ("B09",),
+    "24.4 another evaluation's dir": ("B08",),
+    "24.4 /proc of the driver": ("A29", "B06"),
+    "24.4 through C++": ("B10", "B15"),
+    "24.4 through the build step (#include, flags, module code)": ("B10", "B11", "B12", "B13"),
+    "25.1 answer text on a trusted process's command line": ("C01", "B11", "B12"),
+    "25.2 forged timings and replies": ("A16", "A22", "A23", "A24", "A25", "A33", "C02"),
+    "25.3 aliasing and tampering": ("A12", "A19", "A20", "A21", "A27", "C03"),
+    "25.4 privileges": ("C04", "C07", "C08", "C10", "A32"),
+    "25.5 sockets, shared memory and storage": ("C05", "C06", "C09"),
+}
+
 
 # the answer of the victim evaluation that B08 reads (its work dir holds $VICTIM_SECRET meanwhile)
 VICTIM = forward("if self.first:\n    self.first = False\n    time.sleep(6.0)\nreturn x.clamp_min(0)",
@@ -983,13 +1072,13 @@ class one_core:
 class Outcome:
     name: str
     result: Any                    # EvalResult of the answer
-    follow: Any                    # EvalResult of the correct answer evaluated right after it
+    follow: Any                    # EvalResult of the correct answer evaluated right after it (or None)
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
 
 
-async def evaluate(pool: Any, site: Site, name: str, backend: str = "cpu") -> Outcome:
-    """Evaluate answer ``name``, then the task's correct answer in the same pool."""
+async def evaluate(pool: Any, site: Site, name: str, backend: str = "cpu", follow: bool = True) -> Outcome:
+    """Evaluate answer ``name``, then (``follow``) the task's correct answer in the same pool."""
     a = ANSWERS[name]
     task = TASKS[a.task]
     t0 = time.monotonic()
@@ -1008,8 +1097,17 @@ async def evaluate(pool: Any, site: Site, name: str, backend: str = "cpu") -> Ou
             os.unlink(path)
     if a.ref_max_ratio is not None:  # a fresh copy of the task: its reference is timed again, now
         task = task + f"\n# fresh copy {secrets.token_hex(4)}\n"
-    follow = await pool.evaluate(task, CORRECT[a.task], backend, key=f"redteam-after-{name[:3]}", **a.overrides)
-    return Outcome(name, res, follow, extra, round(time.monotonic() - t0, 2))
+    after = None
+    if follow or needs_follow(name):
+        after = await pool.evaluate(task, CORRECT[a.task], backend, key=f"redteam-after-{name[:3]}", **a.overrides)
+    return Outcome(name, res, after, extra, round(time.monotonic() - t0, 2))
+
+
+def needs_follow(name: str) -> bool:
+    """Whether the verdict of answer ``name`` is judged against the correct answer evaluated right
+    after it (its speedup bound, or the reference time a fresh copy of the task gets)."""
+    a = ANSWERS[name]
+    return a.max_speedup is not None or a.ref_max_ratio is not None
 
 
 
@@ -1079,17 +1177,20 @@ def problems(o: Outcome, site: Site, backend: str = "cpu") -> list[str]:
     a = ANSWERS[o.name]
     res, out = o.result, []
     expected, flag = a.expectation(backend)
-    if expected == "correct":
+    kinds = expected.split("|")   # "correct" among them: correct without credit, or one of the error kinds
+    if "correct" in kinds and not res.correct and res.error_kind in kinds:
+        pass
+    elif "correct" in kinds:
         if not res.correct or res.error_kind is not None:
             out.append(f"expected correct, got {res.error_kind}: {(res.error or '')[:300]}")
         elif a.max_speedup is not None and res.timed:
-            honest = o.follow.speedup if o.follow.correct and o.follow.speedup else 1.0
+            honest = o.follow.speedup if o.follow and o.follow.correct and o.follow.speedup else 1.0
             bound = a.max_speedup * max(1.0, honest)
             if res.speedup is None or res.speedup > bound:
                 out.append(f"credited: speedup {res.speedup} over {bound:.3g} ({a.max_speedup} x the correct "
                            f"answer's {honest:.3g})")
     else:
-        if res.correct or res.error_kind not in expected.split("|"):
+        if res.correct or res.error_kind not in kinds:
             out.append(f"expected {expected}, got {'correct' if res.correct else res.error_kind} "
                        f"(speedup {res.speedup}): {(res.error or '')[:300]}")
     if flag and flag not in res.flags:
@@ -1107,7 +1208,9 @@ def problems(o: Outcome, site: Site, backend: str = "cpu") -> list[str]:
     if "REDTEAM HOLE" in (res.error or "") or "SUCCEEDED" in (res.log_tail or ""):
         out.append("an attempt succeeded: " + (res.error or res.log_tail or "")[-600:])
     out += site.leaks(res, o.follow, *(v for v in o.extra.values() if hasattr(v, "to_dict")))
-    if not o.follow.correct:
+    if o.follow is None:
+        pass  # bench.redteam --follow needed: one correct answer per task after all the answers instead
+    elif not o.follow.correct:
         out.append(f"the correct answer after it failed: {o.follow.error_kind}: {(o.follow.error or '')[:200]}")
     elif a.ref_max_ratio is not None and res.ref_runtime_ms and o.follow.ref_runtime_ms \
             and res.ref_runtime_ms > a.ref_max_ratio * o.follow.ref_runtime_ms:
@@ -1117,7 +1220,9 @@ def problems(o: Outcome, site: Site, backend: str = "cpu") -> list[str]:
         v = o.extra["victim"]
         if not v.correct:
             out.append(f"the victim evaluation failed: {v.error_kind}: {(v.error or '')[:200]}")
-        if not o.extra["victim_alive_after"]:
+        # one GPU is held by one run step at a time (the device gate), so the answer's run step
+        # cannot overlap the victim's there: the read then finds the victim gone, checked on CPU only
+        if not o.extra["victim_alive_after"] and backend == "cpu":
             out.append("the victim had finished before the answer ran: its work dir was not there to read")
     if a.kind == "shm_pair":
         second = o.extra["second"]

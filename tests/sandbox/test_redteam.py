@@ -100,3 +100,8 @@ async def test_the_red_team_covers_what_the_issues_ask():
     counts = {g: len(rt.names(g)) for g in "ABC"}
     assert counts["A"] >= 20 and counts["B"] >= 8 and counts["C"] >= 6, counts
     assert all(a.backend == "cpu" for a in rt.ANSWERS.values())
+    prefixes = {n[:3] for n in rt.ANSWERS}
+    for item, answers in rt.COVERS.items():
+        assert answers and set(answers) <= prefixes, (item, sorted(set(answers) - prefixes))
+    # issue 24: the reads go through Python, C++ (a built extension) and the build step
+    assert "load_inline" in rt.ANSWERS["B15_cpp_extension_reads_and_raises"].source
