@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from omegaconf import MISSING
 
@@ -19,6 +20,8 @@ class TinyArchConfig:
     max_position_embeddings: int = MISSING
     tie_word_embeddings: bool = MISSING
     seed: int = MISSING                # weights are a pure function of the seed
+    tokenizer_corpus: Optional[str] = MISSING  # null | cpu | cuda | triton: BPE merges also from that
+                                               # backend's kernel prompts and answer corpus
 
 
 @dataclass
