@@ -72,7 +72,7 @@ def run(cfg: DictConfig, run_dir: str | Path) -> Path:
     from pipeline.metrics import MetricsLogger
     from pipeline.models.load import load_tokenizer
     from pipeline.pools import create_pools, init_ray
-    from pipeline.sft_data import sft_batch, tokenize
+    from pipeline.sft_data import tokenize
     from pipeline.trainer import TrainerGroup
     from rewards.env import KernelEnv
 
@@ -94,15 +94,19 @@ def run(cfg: DictConfig, run_dir: str | Path) -> Path:
           f"{steps_per_epoch} steps of {s.batch_size}; answers {min(len(r) for _, r in rows)}-"
           f"{max(len(r) for _, r in rows)} tokens", file=sys.stderr, flush=True)
     env_vars = {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
-    started = init_ray(conf.resources, runtime_env={"env_vars": env_vars})
-    pools = trainer = logger = None
+    r = conf.resources.trainer
+    local = (r.gpus if r.gpus > 0 else r.cpu_ranks) == 1 and conf.resources.ray.address is None
+    started, pools, trainer, logger = False, None, None, None
     try:
-        pools = create_pools(conf.resources)
         # temperature 1: the loss is the NLL of the model's own distribution
-        trainer = TrainerGroup(pools.trainer, conf.model, conf.trainer, conf.algorithm,
-                               s.max_response_length, 1.0,
-                               total_optim_steps=total * conf.algorithm.ppo_mini_batches,
-                               env_vars=env_vars)
+        args = (conf.model, conf.trainer, conf.algorithm, s.max_response_length, 1.0)
+        steps = total * conf.algorithm.ppo_mini_batches
+        if local:  # one rank: the same worker in this process (no Ray start-up, no niced actor)
+            trainer = LocalTrainer(*args, total_optim_steps=steps)
+        else:
+            started = init_ray(conf.resources, runtime_env={"env_vars": env_vars})
+            pools = create_pools(conf.resources)
+            trainer = TrainerGroup(pools.trainer, *args, total_optim_steps=steps, env_vars=env_vars)
         logger = MetricsLogger(conf.logger, run_dir, run_name=f"{conf.name}", resolved_config=resolved)
         model_dir = train(trainer, logger, rows, tokenizer.pad_token_id, s, total,
                           conf.pipeline.progress and sys.stderr.isatty(),
@@ -114,6 +118,40 @@ def run(cfg: DictConfig, run_dir: str | Path) -> Path:
         if started:
             ray.shutdown()
     return model_dir
+
+
+class LocalTrainer:
+    """``TrainerGroup``'s SFT surface over one :class:`TrainerWorker` in this process (world size
+    1 on gloo or NCCL): the same worker code, plan and checkpoint writer."""
+
+    def __init__(self, model_cfg: Any, trainer_cfg: Any, algo_cfg: Any, max_response_length: int,
+                 temperature: float, total_optim_steps: int) -> None:
+        from pipeline.trainer import TrainerWorker
+        from pipeline.trainer.worker import free_port
+
+        self.algo = algo_cfg
+        self.worker = TrainerWorker(0, 1, model_cfg, trainer_cfg, algo_cfg, max_response_length,
+                                    temperature, total_optim_steps)
+        self.worker.init("127.0.0.1", free_port())
+
+    def train_sft(self, batch: Any) -> dict[str, float]:
+        import torch
+
+        from pipeline.trainer import plan_step
+        from pipeline.trainer.worker import BATCH_KEYS
+
+        plan = plan_step([int(x) for x in batch.attention_mask.sum(1)],
+                         [int(x) for x in batch.response_mask.sum(1)], 1,
+                         self.algo.ppo_mini_batches, self.algo.micro_batch_tokens)
+        rows = torch.tensor(plan.ranks[0].rows, dtype=torch.long)
+        shard = {k: getattr(batch, k)[rows] for k in BATCH_KEYS}
+        return self.worker.sft_step(shard, plan.ranks[0], plan.global_seqs, plan.global_tokens)
+
+    def save(self, directory: str) -> None:
+        self.worker.save(directory)
+
+    def shutdown(self) -> None:
+        self.worker.shutdown()
 
 
 def train(trainer: Any, logger: Any, rows: list[Any], pad_token_id: int, s: Any, total: int,

@@ -30,3 +30,5 @@ class ModelConfig:
     dtype: str = MISSING               # auto | float32 | bfloat16 | float16 (auto: the checkpoint's)
     trust_remote_code: bool = MISSING
     tiny: TinyArchConfig = field(default_factory=TinyArchConfig)
+    warm_start: Optional[str] = MISSING  # an SFT experiment run first, whose model replaces path (null: none)
+    warm_start_dir: str = MISSING        # where warm starts are cached, one directory per input hash
