@@ -40,7 +40,7 @@ def sft_overrides(cfg: Any, profile: str, cli_overrides: list[str]) -> list[str]
            f"reward.profile={cfg.reward.profile}", *model]
     if tasks:
         out += [f"reward.task_ids=[{','.join(tasks)}]", f"sft.task_ids=[{','.join(tasks)}]"]
-    return out
+    return out + [str(o) for o in cfg.model.warm_start_overrides]
 
 
 def cache_key(cfg: Any, overrides: list[str]) -> str:

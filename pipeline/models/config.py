@@ -32,3 +32,4 @@ class ModelConfig:
     tiny: TinyArchConfig = field(default_factory=TinyArchConfig)
     warm_start: Optional[str] = MISSING  # an SFT experiment run first, whose model replaces path (null: none)
     warm_start_dir: str = MISSING        # where warm starts are cached, one directory per input hash
+    warm_start_overrides: list[str] = field(default_factory=lambda: MISSING)  # extra pipeline.sft overrides
