@@ -66,9 +66,11 @@ def banner(cfg: DictConfig, profile: str) -> str:
     size = (f"{p.tasks_per_batch} tasks x {r.n_trajectories} trajectories x {r.turns} turns per "
             f"batch, {p.steps} steps, max response {r.max_response_length} tokens")
     if profile == "laptop":
-        return (f"[pipeline] laptop profile (no GPU visible and model.path=tiny): tiny random "
-                f"Qwen2, {cfg.env} env on the {cfg.reward.backend if cfg.env == 'kernel' else 'toy'} "
-                f"backend, {size}, {_schedule(p)}. On a cluster: model=local model.path=<HF dir> "
+        model = (f"tiny Qwen2 warm-started by {cfg.model.warm_start} (pipeline.sft, cached)"
+                 if cfg.model.warm_start and cfg.env == "kernel" else "tiny random Qwen2")
+        backend = cfg.reward.backend if cfg.env == "kernel" else "toy"
+        return (f"[pipeline] laptop profile (no GPU visible and model.path=tiny): {model}, {cfg.env} "
+                f"env on the {backend} backend, {size}, {_schedule(p)}. On a cluster: model=local model.path=<HF dir> "
                 "resources=<split> (or profile=full).")
     return f"[pipeline] full profile: model.path={cfg.model.path}, {size}, {_schedule(p)}."
 

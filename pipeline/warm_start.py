@@ -96,6 +96,7 @@ def build(overrides: list[str], root: Path) -> None:
 def prebuild(reward_cfg: Any, sandbox_cfg: Any) -> dict[str, int]:
     """Evaluate every corpus answer of the run's training tasks once (their builds land in
     ``sandbox.cache_dir``); returns the count of each verdict."""
+    from pipeline.sft_data import answer_text  # the code block exactly as the warm start writes it
     from rewards.corpus import corpus_answers
     from rewards.env import KernelEnv
     from rewards.interface import TaskRef
@@ -108,7 +109,7 @@ def prebuild(reward_cfg: Any, sandbox_cfg: Any) -> dict[str, int]:
     async def all_of() -> list[Any]:
         try:
             return await asyncio.gather(*[
-                env.evaluate(TaskRef(a.task_id, env.task(a.task_id)), f"Summary.\n\n```python\n{a.code}\n```")
+                env.evaluate(TaskRef(a.task_id, env.task(a.task_id)), answer_text(a.code, "Summary."))
                 for a in answers])
         finally:
             await env.aclose()

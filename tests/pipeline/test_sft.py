@@ -104,3 +104,25 @@ def test_sft_steps_lower_the_answer_loss_and_lr_zero_does_not(env):
     assert losses[3e-3][0] == pytest.approx(losses[0.0][0], rel=1e-5)  # same start
     assert losses[3e-3][-1] < losses[3e-3][0] - 0.5, losses
     assert losses[0.0][-1] == pytest.approx(losses[0.0][0], rel=1e-5), losses
+
+
+def test_warm_start_command_and_cache_key_follow_the_run():
+    from hydra import compose, initialize_config_dir
+
+    from pipeline.config import register
+    from pipeline.conf_files import CONF_DIR
+    from pipeline.warm_start import cache_key, sft_overrides
+
+    register()
+    cli = ["+experiment=kernel_multiturn", "model.tiny.hidden_size=96", "pipeline.steps=2"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*cli, "profile=laptop"])
+    assert cfg.model.warm_start == "kernel_sft"  # the laptop default warm-starts
+    cmd = sft_overrides(cfg, "laptop", cli)
+    assert cmd[:3] == ["+experiment=kernel_sft", "profile=laptop", "reward.backend=cpu"]
+    assert "model.tiny.hidden_size=96" in cmd and "pipeline.steps=2" not in cmd
+    tasks = ",".join(cfg.reward.task_ids)
+    assert f"sft.task_ids=[{tasks}]" in cmd and f"reward.task_ids=[{tasks}]" in cmd
+    key = cache_key(cfg, cmd)
+    assert key == cache_key(cfg, list(cmd))  # deterministic
+    assert key != cache_key(cfg, sft_overrides(cfg, "laptop", ["model.tiny.hidden_size=64"]))
