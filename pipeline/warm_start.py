@@ -85,7 +85,8 @@ def build(overrides: list[str], root: Path) -> None:
     print(f"[pipeline] warm start: building it once ({' '.join(cmd[1:])}); cached in {root}",
           file=sys.stderr, flush=True)
     t0 = time.time()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join([str(_ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(cmd, cwd=_ROOT, env=env)
     if done.returncode != 0 or not (model_dir / "config.json").is_file():
         raise RuntimeError(f"warm start: `{' '.join(cmd)}` failed (exit {done.returncode}); "
