@@ -4,8 +4,10 @@ reward sees (correct and fast, correct and slow, wrong output, does not compile)
 It is what a supervised warm start learns from (``pipeline.sft``) and what the tests use as answers
 with a known verdict. Answers live beside this module as plain files,
 ``<backend>/level<N>/<ID_name>/<variant>.py`` (``cpu/level1/17_relu/slow.py`` is the ``slow``
-answer to ``L1/17_relu`` on the cpu backend); each file is exactly the code block a response would
-hold (``ModelNew`` and its extension). The prompts never show them.
+answer to ``L1/17_relu`` on the cpu backend); each file is the code block a response would hold
+(``ModelNew`` and its extension). ``CorpusAnswer.code`` is the file without its final newline:
+exactly what ``rewards.parse`` extracts from ``f"```python\n{code}\n```"``, so a response built that
+way is evaluated (and cached by the sandbox) as this very source. The prompts never show them.
 
 Variants and the verdict the sandbox must give (``VARIANTS``):
 
@@ -15,6 +17,7 @@ Variants and the verdict the sandbox must give (``VARIANTS``):
   OpenMP, vectorisation or the fused pass that makes ``fast`` fast).
 - ``wrong``: compiles and runs, plausible but wrong output (an off-by-one, a wrong constant).
 - ``broken``: does not compile (a typo the compiler rejects), so it fails fast at the compiler.
+  Triton compiles a kernel at its first call, so there the sandbox reports a ``runtime_error``.
 """
 from __future__ import annotations
 
@@ -33,12 +36,22 @@ VARIANTS: dict[str, str] = {
 }
 
 
+# what differs by backend: Triton builds the kernel when it is first launched, inside the run
+_BACKEND_VERDICTS: dict[str, dict[str, str]] = {"triton": {"broken": "runtime_error"}}
+
+
+def expected_verdict(backend: str, variant: str) -> str:
+    """The verdict the sandbox must give ``variant`` on ``backend``."""
+    return _BACKEND_VERDICTS.get(backend, {}).get(variant, VARIANTS[variant])
+
+
 @dataclass(frozen=True)
 class CorpusAnswer:
     task_id: str    # "L1/17_relu"
     backend: str    # "cpu" | "cuda" | "triton"
     variant: str    # a key of VARIANTS
-    expected: str   # the verdict the sandbox must give: "correct" | "wrong_output" | "compile_error"
+    expected: str   # the verdict the sandbox must give: "correct" | "wrong_output" | "compile_error" |
+                    # "runtime_error" (a broken Triton kernel: Triton compiles it at its first call)
     code: str       # the Python source of the answer (ModelNew + its extension), a response's code block
 
     @property
@@ -91,7 +104,7 @@ def corpus_answers(backend: str, task_ids: Iterable[str] | None = None) -> list[
         for path in task_dir(backend, task_id).glob("*.py"):
             if path.stem not in VARIANTS:
                 raise ValueError(f"{path}: unknown variant {path.stem!r}; known: {', '.join(VARIANTS)}")
-            out.append(CorpusAnswer(task_id, backend, path.stem, VARIANTS[path.stem], path.read_text()))
+            out.append(CorpusAnswer(task_id, backend, path.stem, expected_verdict(backend, path.stem), _code(path)))
     out.sort(key=lambda a: (wanted.index(a.task_id), order.index(a.variant)))
     return out
 
@@ -104,4 +117,8 @@ def corpus_answer(backend: str, task_id: str, variant: str) -> CorpusAnswer:
         have = [a.variant for a in corpus_answers(backend, [task_id])] if path.parent.is_dir() else []
         raise KeyError(f"no {variant!r} {backend} answer for {task_id} (looked for {path}); "
                        f"variants there: {', '.join(have) or 'none'}")
-    return CorpusAnswer(task_id, backend, variant, VARIANTS[variant], path.read_text())
+    return CorpusAnswer(task_id, backend, variant, expected_verdict(backend, variant), _code(path))
+
+
+def _code(path: Path) -> str:
+    return path.read_text().rstrip("\n")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rewards.corpus import corpus_tasks, task_dir
+from rewards.corpus import corpus_answer, corpus_tasks, task_dir
 
 BACKENDS = ("cpu", "triton", "cuda")
 
@@ -22,8 +22,9 @@ def available(backend: str) -> list[str]:
 
 
 def load_solution(backend: str, task_id: str) -> str:
+    """The answer's code, as :attr:`rewards.corpus.CorpusAnswer.code` (no final newline)."""
     path = solution_path(backend, task_id)
     if not path.is_file():
         raise FileNotFoundError(f"no {backend} solution for {task_id} (looked for {path}); "
                                 f"available: {', '.join(available(backend)) or 'none'}")
-    return path.read_text()
+    return corpus_answer(backend, task_id, "fast").code

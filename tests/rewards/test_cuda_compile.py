@@ -1,4 +1,5 @@
-"""The CUDA reference solutions compile with nvcc (this machine has nvcc but no GPU to run them).
+"""The CUDA answers of the corpus that must build (every variant but "broken") compile with nvcc
+(this machine has nvcc but no GPU to run them).
 
 One nvcc call for all of them: their kernels go into one translation unit, each in its own
 namespace, so the headers are parsed once (one cold compile for the whole directory). The unit is
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rewards.solutions import available, load_solution
+from rewards.corpus import corpus_answers
 from sandbox.build import write_narrow_header
 
 pytestmark = pytest.mark.slow
@@ -39,13 +40,13 @@ def one_translation_unit(sources: dict[str, str]) -> str:
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-def test_cuda_solutions_compile_with_nvcc(tmp_path: Path):
+def test_cuda_answers_compile_with_nvcc(tmp_path: Path):
     from torch.utils.cpp_extension import include_paths
 
-    task_ids = available("cuda")
-    assert len(task_ids) >= 3
-    unit = one_translation_unit({t: cuda_source(load_solution("cuda", t)) for t in task_ids})
-    assert unit.count("__global__") >= 3
+    answers = [a for a in corpus_answers("cuda") if a.expected != "compile_error"]
+    assert len(answers) >= 3
+    unit = one_translation_unit({f"{a.task_id} {a.variant}": cuda_source(a.code) for a in answers})
+    assert unit.count("__global__") >= len(answers)
     (tmp_path / "all.cu").write_text("#include <torch/types.h>\n" + unit)  # what load_inline puts first
     # CPU-only torch wheels ship c10/cuda headers without this generated one; it holds one macro
     shim = tmp_path / "shim" / "c10" / "cuda" / "impl"
@@ -61,4 +62,4 @@ def test_cuda_solutions_compile_with_nvcc(tmp_path: Path):
     errors = [line for line in proc.stderr.splitlines() if re.search(r"\berror\b", line)]
     assert proc.returncode == 0, "\n".join(errors[:20]) or proc.stderr[-3000:]
     assert (tmp_path / "all.o").stat().st_size > 0
-    print(f"nvcc compiled {len(task_ids)} CUDA solutions in {time.monotonic() - start:.1f} s")
+    print(f"nvcc compiled {len(answers)} CUDA answers in {time.monotonic() - start:.1f} s")
