@@ -31,6 +31,7 @@ class SftConfig:
     epochs: int = MISSING               # passes over the conversations
     batch_size: int = MISSING           # conversations per optimiser step
     max_response_length: int = MISSING  # an answer over this many tokens is an error, not cut
+    stop_loss: float = MISSING          # > 0: stop once a step's loss is at most this (0: all epochs)
     output_dir: Optional[str] = MISSING  # null: <run dir>/final (the HF model is its model/)
     seed: int = MISSING
 
@@ -166,6 +167,10 @@ def train(trainer: Any, logger: Any, rows: list[Any], pad_token_id: int, s: Any,
     first = last = None
     t0 = time.time()
     for epoch in range(s.epochs):
+        if last is not None and last <= s.stop_loss:
+            print(f"[sft] loss {last:.4f} <= sft.stop_loss={s.stop_loss}: stopping after epoch {epoch}",
+                  file=sys.stderr, flush=True)
+            break
         order = list(range(len(rows)))
         rng.shuffle(order)
         for i in range(0, len(order), s.batch_size):
