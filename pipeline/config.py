@@ -27,6 +27,7 @@ from pipeline.metrics import LoggerConfig
 from pipeline.models.config import ModelConfig
 from pipeline.pools import ResourcesConfig
 from pipeline.rollout import RolloutConfig
+from pipeline.sft import SftConfig
 from pipeline.trainer.config import TrainerConfig
 from rewards.config import RewardConfig
 from sandbox.config import EvalConfig
@@ -58,6 +59,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     toy: ToyEnvConfig = field(default_factory=ToyEnvConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    sft: SftConfig = field(default_factory=SftConfig)
     env: str = MISSING          # kernel | toy: which RewardEnv the samplers build
     name: str = MISSING         # run name (run dir, W&B run)
     profile: str = MISSING      # auto | laptop | full

@@ -20,7 +20,7 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -42,6 +42,7 @@ class EvaluateConfig:
     temperature: float | None = MISSING  # null: rollout.temperature
     search: str = MISSING              # none: k trajectories of rollout.turns; beam: pipeline.beam
     beam: BeamConfig = field(default_factory=BeamConfig)
+    compare: Optional[str] = MISSING     # a second checkpoint evaluated the same way, printed beside
 
 SEARCHES = ("none", "beam")
 
@@ -141,11 +142,7 @@ def run_samples(cfg: DictConfig, run_dir: str | Path) -> tuple[list[Sample], dic
     beam = ev.beam if ev.search == "beam" else None
     model_cfg = conf.model
     if ev.checkpoint:
-        model_dir = Path(ev.checkpoint) / "model"
-        if not model_dir.is_dir():
-            raise FileNotFoundError(f"evaluate.checkpoint={ev.checkpoint}: expected a checkpoint "
-                                    f"directory with model/ (HF format) inside")
-        model_cfg = _replace(model_cfg, path=str(model_dir))
+        model_cfg = _replace(model_cfg, path=str(model_dir_of(ev.checkpoint, "evaluate.checkpoint")))
     rollout = _replace(conf.rollout, n_trajectories=ev.k if beam is None else beam.width,
                        turns=conf.rollout.turns if beam is None else beam.turns_per_round,
                        temperature=ev.temperature if ev.temperature is not None
@@ -192,8 +189,50 @@ def run_samples(cfg: DictConfig, run_dir: str | Path) -> tuple[list[Sample], dic
     return samples, metrics
 
 
+def model_dir_of(path: str, key: str) -> Path:
+    """A run checkpoint (its model/ inside) or an HF model directory itself (a warm start's)."""
+    p = Path(path).expanduser()
+    if (p / "model" / "config.json").is_file():
+        return p / "model"
+    if (p / "config.json").is_file():
+        return p
+    raise FileNotFoundError(f"{key}={path}: expected a checkpoint directory with model/ (HF format) "
+                            "inside, or an HF model directory (config.json, weights, tokenizer)")
+
+
+# the side-by-side table: (label, metric key) in the order printed
+COMPARED = (("correct rate", "eval/avg_correct"), ("mean score", "eval/score/mean"),
+            ("fast_1", "eval/fast_1"), ("best@k correct", "eval/best_correct"),
+            ("best@k speedup", "eval/best_speedup"))
+
+
+def side_by_side(names: list[str], metrics: list[dict[str, float]], k: int) -> str:
+    width = max(16, *(len(n) for n in names))
+    lines = [f"{'(k=' + str(k) + ')':16s}" + "".join(f"  {n:>{width}s}" for n in names)]
+    for label, key in COMPARED:
+        lines.append(f"{label:16s}" + "".join(f"  {m.get(key, float('nan')):>{width}.3f}" for m in metrics))
+    return "\n".join(lines)
+
+
+def compare(cfg: DictConfig, run_dir: Path) -> list[dict[str, float]]:
+    """``evaluate.checkpoint`` and ``evaluate.compare``, each into its own subdirectory."""
+    names = [str(cfg.evaluate.checkpoint), str(cfg.evaluate.compare)]
+    model_dir_of(names[1], "evaluate.compare")  # fail before the first evaluation, not after it
+    results = []
+    for i, path in enumerate(names):
+        one = copy.deepcopy(cfg)
+        one.evaluate.checkpoint, one.evaluate.compare = path, None
+        results.append(run(one, run_dir / f"model_{i}"))
+    table = side_by_side(names, results, int(cfg.evaluate.k))
+    (run_dir / "compare.json").write_text(json.dumps(dict(zip(names, results)), indent=1))
+    print(table, file=sys.stderr, flush=True)
+    return results
+
+
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float:
+    if cfg.evaluate.compare:
+        return float(compare(cfg, Path(HydraConfig.get().runtime.output_dir))[0].get("eval/best_correct", 0.0))
     metrics = run(cfg, HydraConfig.get().runtime.output_dir)
     ev = cfg.evaluate
     if ev.search == "beam":

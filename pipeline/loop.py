@@ -106,6 +106,24 @@ class LoopParts:
     timeline: Timeline = field(default_factory=Timeline)
 
 
+def skip_reason(m: dict[str, float], samples: list[Sample]) -> str:
+    """Why a batch left no training rows, from ``build_train_batch``'s metrics."""
+    n = int(m.get("batch/samples", 0))
+    failed = int(m.get("batch/gen_errors", 0))
+    if n == 0:
+        return "the batch has no samples (all dropped over the staleness bound?)"
+    if failed >= n:
+        return f"all {n} samples failed to generate (finish_reason error or no tokens)"
+    if int(m.get("batch/overlong_filtered", 0)) >= n - failed:
+        return (f"all {n - failed} responses were overlong (cut at the response length limit and "
+                "masked out by algorithm.overlong_filter)")
+    groups = int(m.get("batch/groups", 0))
+    mean = sum(float(x.score) for x in samples) / len(samples) if samples else 0.0
+    return (f"all {groups} groups had zero advantage (every sample of a task scored the same; "
+            f"mean score {mean:.3f}): raise rollout.n_trajectories or the "
+            "temperature, or start from a model that already solves some tasks (model.warm_start)")
+
+
 class Loop:
     def __init__(self, cfg: PipelineConfig, parts: LoopParts, timeline_every: int,
                  start_step: int = 0, version: int = 0, pending: list[Sample] | None = None) -> None:
@@ -169,8 +187,10 @@ class Loop:
         metrics.update({k: float(v) for k, v in getattr(batch, "metrics", {}).items()
                         if isinstance(v, (int, float))})
         rows = 0 if batch is None else int(batch.input_ids.shape[0])
-        if rows == 0:  # every group had zero advantage: nothing to learn from this batch
+        if rows == 0:  # nothing to learn from this batch: say why, once per step
             metrics["actor/skipped"] = 1.0
+            print(f"[pipeline] step {gen.step} trains on nothing: {skip_reason(metrics, gen.samples)}",
+                  file=sys.stderr, flush=True)
         else:
             metrics.update(await asyncio.to_thread(
                 self.p.trainer.train, batch, self.p.response_length(gen.step)))

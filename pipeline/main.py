@@ -66,9 +66,11 @@ def banner(cfg: DictConfig, profile: str) -> str:
     size = (f"{p.tasks_per_batch} tasks x {r.n_trajectories} trajectories x {r.turns} turns per "
             f"batch, {p.steps} steps, max response {r.max_response_length} tokens")
     if profile == "laptop":
-        return (f"[pipeline] laptop profile (no GPU visible and model.path=tiny): tiny random "
-                f"Qwen2, {cfg.env} env on the {cfg.reward.backend if cfg.env == 'kernel' else 'toy'} "
-                f"backend, {size}, {_schedule(p)}. On a cluster: model=local model.path=<HF dir> "
+        model = (f"tiny Qwen2 warm-started by {cfg.model.warm_start} (pipeline.sft, cached)"
+                 if cfg.model.warm_start and cfg.env == "kernel" else "tiny random Qwen2")
+        backend = cfg.reward.backend if cfg.env == "kernel" else "toy"
+        return (f"[pipeline] laptop profile (no GPU visible and model.path=tiny): {model}, {cfg.env} "
+                f"env on the {backend} backend, {size}, {_schedule(p)}. On a cluster: model=local model.path=<HF dir> "
                 "resources=<split> (or profile=full).")
     return f"[pipeline] full profile: model.path={cfg.model.path}, {size}, {_schedule(p)}."
 
@@ -196,9 +198,10 @@ def quiet_progress(conf: Any) -> None:
 
 
 def run(cfg: DictConfig, run_dir: str | Path, run_name: str | None = None,
-        group: str | None = None) -> dict[str, float]:
+        group: str | None = None, overrides: list[str] | None = None) -> dict[str, float]:
     """One job: returns the last step's metrics (empty when the run was already complete).
-    ``run_name``/``group``: the W&B run's (a sweep job's, pipeline/wandb_setup.sweep_names)."""
+    ``run_name``/``group``: the W&B run's (a sweep job's, pipeline/wandb_setup.sweep_names);
+    ``overrides``: the command line's (a warm start passes its ``model.*`` ones on)."""
     run_dir = Path(run_dir)
     check_required(cfg)
     profile = resolved_profile(cfg)
@@ -209,6 +212,12 @@ def run(cfg: DictConfig, run_dir: str | Path, run_name: str | None = None,
     # may hold MISSING values (e.g. rollout.engine.vllm under the hf engine)
     conf: Any = cfg
     check(conf)
+    if conf.sandbox.cache_dir:
+        conf.sandbox.cache_dir = os.path.expanduser(str(conf.sandbox.cache_dir))
+    if conf.model.warm_start and conf.model.path == "tiny":
+        from pipeline import warm_start
+
+        conf.model.path = str(warm_start.ensure(conf, profile, list(overrides or [])))
     if checkpoint.resolve_resume(conf.resume, run_dir / conf.checkpoint.dir) is not None:
         # before Ray or a model starts: a changed override must not continue the old run silently
         for line in checkpoint.check_resume_config(conf.resume, run_dir, resolved):
@@ -225,9 +234,29 @@ def run(cfg: DictConfig, run_dir: str | Path, run_name: str | None = None,
             if _is_lost_actor(e):
                 print(lost_actor_message(e, run_dir, conf), file=sys.stderr, flush=True)
             raise
+        if history:
+            print(summary_line(history), file=sys.stderr, flush=True)
         return history[-1] if history else {}
     finally:
         session.close()
+
+
+def summary_line(history: list[dict[str, float]]) -> str:
+    """The run's last line: reward, correct rate and mean speedup, first step -> last step (and
+    the mean of the first two steps -> the last two, the laptop default's bar)."""
+    first, last = history[0], history[-1]
+
+    def pair(key: str) -> str:
+        return f"{first.get(key, 0.0):.3f} -> {last.get(key, 0.0):.3f}"
+
+    head = [float(h.get("reward/mean", 0.0)) for h in history[:2]]
+    tail = [float(h.get("reward/mean", 0.0)) for h in history[-2:]]
+    skipped = [int(h["step"]) for h in history[1:] if h.get("actor/skipped")]
+    return (f"[pipeline] summary, step {int(first['step'])} -> {int(last['step'])}: reward "
+            f"{pair('reward/mean')} (mean of the first two steps {sum(head) / len(head):.3f} -> last two "
+            f"{sum(tail) / len(tail):.3f}), correct {pair('score/correct')}, mean speedup "
+            f"{pair('score/speedup_mean')}; steps after the first that trained on nothing: "
+            f"{skipped if skipped else 'none'}")
 
 
 def _is_lost_actor(e: BaseException) -> bool:
@@ -253,7 +282,8 @@ def main(cfg: DictConfig) -> float:
     hc = HydraConfig.get()
     name, group = sweep_names(str(cfg.name), hc)
     try:
-        last = run(cfg, hc.runtime.output_dir, run_name=name, group=group)
+        last = run(cfg, hc.runtime.output_dir, run_name=name, group=group,
+                   overrides=list(hc.overrides.task))
     except (ConfigError, checkpoint.ResumeMismatch) as e:
         # the message names every key: a traceback would only bury it
         print(f"[pipeline] {e}", file=sys.stderr, flush=True)

@@ -28,6 +28,7 @@ class RewardConfig:
     profile: str = MISSING              # task sizes: full | cpu
     skip_invalid_tasks: bool = MISSING  # warn and skip bad task files instead of failing
     max_tasks: int | None = MISSING     # keep only the first N tasks (null: all)
+    task_ids: list[str] = field(default_factory=lambda: MISSING)  # keep only these tasks ([]: all)
     holdout_frac: float = MISSING
     split_seed: int = MISSING
     correct_weight: float = MISSING     # score = correct_weight * correct + speedup_weight * speedup * correct

@@ -54,6 +54,13 @@ class KernelEnv:
         if self.backend in ("cuda", "triton"):
             all_tasks = _fitting(all_tasks, cfg.skip_invalid_tasks)
         train, holdout = split(all_tasks, cfg.holdout_frac, cfg.split_seed)
+        if cfg.task_ids:  # a chosen task set (the laptop default: tasks the answer corpus covers)
+            unknown = sorted(set(cfg.task_ids) - {t.id for t in all_tasks})
+            if unknown:
+                raise ValueError(f"reward.task_ids: {unknown} are not tasks of reward.tasks={cfg.tasks!r} "
+                                 f"levels={levels}")
+            train = [t for t in train if t.id in set(cfg.task_ids)]
+            holdout = [t for t in holdout if t.id in set(cfg.task_ids)]
         if cfg.max_tasks is not None:
             train, holdout = train[:cfg.max_tasks], holdout[:cfg.max_tasks]
         self._splits = {"train": train, "holdout": holdout}

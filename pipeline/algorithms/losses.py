@@ -15,6 +15,7 @@ gradient of the whole mini-batch computed at once (tests/algorithms/test_losses.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,3 +125,18 @@ def tis_weights(old_log_prob: torch.Tensor, sampler_log_prob: torch.Tensor, cap:
         log_ratio=(old_log_prob - sampler_log_prob).detach(), response_mask=mask.to(old_log_prob.dtype),
         rollout_is="token", rollout_is_threshold=float(cap))
     return weights
+
+
+def sft_loss(log_prob: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """Supervised fine-tuning loss of one micro-batch: the mean negative log-likelihood of the
+    assistant tokens (``response_mask``), verl's ``token-mean`` aggregation, so the trainer's
+    ``micro_weight("token-mean", ...)`` accumulates it exactly like the RL loss."""
+    from verl.trainer.ppo.core_algos import agg_loss
+
+    mask = response_mask.to(log_prob.dtype)
+    loss = agg_loss(-log_prob, mask, "token-mean")
+    with torch.no_grad():
+        # share of assistant tokens the model already gives more than half its probability:
+        # a warm start that can reproduce an answer whole needs this near 1
+        sure = ((log_prob.detach() > math.log(0.5)).to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1)
+    return loss, {"sft/loss": float(loss.detach()), "sft/token_p_gt_half": float(sure)}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from omegaconf import MISSING
 
@@ -19,6 +20,8 @@ class TinyArchConfig:
     max_position_embeddings: int = MISSING
     tie_word_embeddings: bool = MISSING
     seed: int = MISSING                # weights are a pure function of the seed
+    tokenizer_corpus: Optional[str] = MISSING  # null | cpu | cuda | triton: BPE merges also from that
+                                               # backend's kernel prompts and answer corpus
 
 
 @dataclass
@@ -27,3 +30,6 @@ class ModelConfig:
     dtype: str = MISSING               # auto | float32 | bfloat16 | float16 (auto: the checkpoint's)
     trust_remote_code: bool = MISSING
     tiny: TinyArchConfig = field(default_factory=TinyArchConfig)
+    warm_start: Optional[str] = MISSING  # an SFT experiment run first, whose model replaces path (null: none)
+    warm_start_dir: str = MISSING        # where warm starts are cached, one directory per input hash
+    warm_start_overrides: list[str] = field(default_factory=lambda: MISSING)  # extra pipeline.sft overrides

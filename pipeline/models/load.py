@@ -70,7 +70,7 @@ def load_tokenizer(model_cfg: Any) -> Any:
     if model_cfg.path == "tiny":
         from pipeline.models.tiny import build_tiny_tokenizer
 
-        return build_tiny_tokenizer(model_cfg.tiny.vocab_size)
+        return build_tiny_tokenizer(model_cfg.tiny.vocab_size, model_cfg.tiny.tokenizer_corpus)
     from transformers import AutoTokenizer
 
     path = os.path.expanduser(str(model_cfg.path))

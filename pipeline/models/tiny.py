@@ -53,8 +53,24 @@ _CORPUS = [
 ]
 
 
-def build_tiny_tokenizer(vocab_size: int = 512) -> Any:
-    """A byte-level BPE tokenizer (``PreTrainedTokenizerFast``) with Qwen-style chat tokens."""
+def kernel_texts(backend: str) -> list[str]:
+    """Texts a warm-started tiny model reads and writes on ``backend``: the kernel environment's
+    system prompt and task sources, and the answer corpus's code. Merges learnt from them make a
+    C++ kernel answer a few hundred tokens instead of about a thousand."""
+    from rewards.corpus import corpus_answers
+    from rewards.prompts import system_prompt
+    from rewards.rules import RULES
+    from rewards.tasks import load_builtin
+
+    texts = [system_prompt(backend, list(RULES))]
+    texts += [t.source for t in load_builtin([1, 2], profile="cpu" if backend == "cpu" else "full")]
+    texts += [a.code for a in corpus_answers(backend)]
+    return texts
+
+
+def build_tiny_tokenizer(vocab_size: int = 512, corpus: str | None = None) -> Any:
+    """A byte-level BPE tokenizer (``PreTrainedTokenizerFast``) with Qwen-style chat tokens;
+    ``corpus`` (a kernel backend) adds :func:`kernel_texts` to what the merges are learnt from."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -67,7 +83,7 @@ def build_tiny_tokenizer(vocab_size: int = 512) -> Any:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=alphabet, min_frequency=1, show_progress=False)
-    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    tok.train_from_iterator(_CORPUS * 4 + (kernel_texts(corpus) if corpus else []), trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END, pad_token=PAD_TOKEN,
                                    additional_special_tokens=SPECIAL_TOKENS[1:],
                                    padding_side="left", chat_template=CHAT_TEMPLATE)
@@ -105,7 +121,7 @@ def build_tiny_model(arch: Any, tokenizer: Any) -> Any:
 
 
 def build_tiny(arch: Any) -> tuple[Any, Any]:
-    tokenizer = build_tiny_tokenizer(arch.vocab_size)
+    tokenizer = build_tiny_tokenizer(arch.vocab_size, arch.tokenizer_corpus)
     return build_tiny_model(arch, tokenizer), tokenizer
 
 

@@ -41,6 +41,14 @@ class TrainerGroup:
 
     def train(self, batch: Any, loss_scale_factor: int | None = None) -> dict[str, float]:
         """One RL step on a ``TrainBatch``: ``ppo_mini_batches`` optimiser steps."""
+        return self._step("train_step", batch, loss_scale_factor)
+
+    def train_sft(self, batch: Any) -> dict[str, float]:
+        """One supervised step on a ``TrainBatch`` whose response mask marks the assistant
+        tokens (pipeline/trainer/sft.py): ``ppo_mini_batches`` optimiser steps."""
+        return self._step("sft_step", batch)
+
+    def _step(self, method: str, batch: Any, *extra: Any) -> dict[str, float]:
         import ray
 
         t0 = time.perf_counter()
@@ -53,8 +61,8 @@ class TrainerGroup:
         for w, rp in zip(self.workers, plan.ranks):
             idx = torch.tensor(rp.rows, dtype=torch.long)
             shard = {k: getattr(batch, k)[idx] for k in BATCH_KEYS}
-            refs.append(w.train_step.remote(shard, rp, plan.global_seqs, plan.global_tokens,
-                                            loss_scale_factor))
+            refs.append(getattr(w, method).remote(shard, rp, plan.global_seqs, plan.global_tokens,
+                                                  *extra))
         per_rank = ray.get(refs)
         out = dict(per_rank[0])
         for key in ("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb"):

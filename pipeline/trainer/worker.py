@@ -239,15 +239,7 @@ class TrainerWorker:
                 for k, v in {"actor/loss": loss.detach(), **metrics}.items():
                     v = float(v.detach()) if torch.is_tensor(v) else float(v)
                     sums[k] = sums.get(k, 0.0) + v * w / len(plan.mini_batches)
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.algo.grad_clip)
-            if hasattr(grad_norm, "full_tensor"):
-                grad_norm = grad_norm.full_tensor()
-            grad_norms.append(float(grad_norm))
-            if math.isfinite(grad_norms[-1]):
-                self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.scheduler.step()
-            self.optim_steps += 1
+            grad_norms.append(self.optimizer_step())
         # the per-rank weighted shares add up to the global means
         keys = sorted(sums)
         vec = torch.tensor([sums[k] for k in keys] + mismatch.as_vector() + [float(tokens)],
@@ -270,6 +262,25 @@ class TrainerWorker:
             out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
             out["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(self.device) / 2**30
         return out
+
+    def optimizer_step(self) -> float:
+        """Clip, step (skipped on a non-finite gradient norm), zero, schedule; the norm."""
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.algo.grad_clip)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        if math.isfinite(float(grad_norm)):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.optim_steps += 1
+        return float(grad_norm)
+
+    def sft_step(self, shard: dict[str, torch.Tensor], plan: RankPlan, global_seqs: list[int],
+                 global_tokens: list[int]) -> dict[str, float]:
+        """One supervised step per mini-batch (pipeline/trainer/sft.py)."""
+        from pipeline.trainer.sft import sft_step
+
+        return sft_step(self, shard, plan, global_tokens)
 
     # ---- weights out -------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:

@@ -66,8 +66,11 @@ def test_toy_learns_through_the_pipeline(ray_local, tmp_path, mode):
 @pytest.mark.slow
 def test_kernel_env_laptop_default(ray_local, tmp_path):
     """The real cpu kernel env (parsing, rules, sandbox) behind the laptop default experiment."""
+    # the random tiny model (no warm start: tests/pipeline/test_laptop_learns.py has that) with
+    # short responses: this test is about the env behind the loop, not about learning
     last = run(config("+experiment=kernel_multiturn", "logger=console", "pipeline.progress=false",
-                      "pipeline.steps=2"), tmp_path)
+                      "pipeline.steps=2", "model.warm_start=null", "sandbox.cache_dir=null",
+                      "rollout.max_response_length=48", "rollout.n_trajectories=4"), tmp_path)
     lines = metrics_lines(tmp_path)
     assert [m["step"] for m in lines] == [0, 1]
     assert "score/parse_ok" in last and 0.0 <= last["score/parse_ok"] <= 1.0
