@@ -48,6 +48,7 @@ class PipelineConfig:
     shuffle_tasks: bool = MISSING    # new task order each pass over the split (seeded)
     weight_sync: str = MISSING       # auto | object_store | cuda_ipc | broadcast
     initial_weight_sync: bool = MISSING  # push the trainer's weights before the first batch
+    verify_weight_sync: bool = MISSING   # compare per-tensor checksums of engine and trainer after each push
     progress: bool = MISSING         # progress bars on generation / training
     seed: int = MISSING
 
@@ -93,7 +94,7 @@ class LoopParts:
 
     samplers: Samplers               # SamplerPool
     trainer: Trainer                 # TrainerGroup
-    weight_sync: WeightPush          # WeightSync
+    weight_sync: WeightPush          # pipeline.weight_sync.make_weight_sync
     tasks: list[Any]                 # TaskRefs of the training split
     build_batch: Callable[[list[Sample], int], Any]    # (samples, step) -> TrainBatch | None
     rollout_metrics: Callable[[list[Sample]], dict[str, float]]
