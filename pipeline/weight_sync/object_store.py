@@ -49,7 +49,9 @@ class ObjectStoreSender:
             return None
         buckets = self.worker.buckets(sd)
         t1 = time.perf_counter()
-        sums = checksums([pair for b in buckets for pair in b]) if verify else None
+        on_gpu = self.worker.device.type == "cuda"  # the gathered copy is on the host: sum it there
+        sums = checksums([pair for b in buckets for pair in b], self.worker.device if on_gpu else None) \
+            if verify else None
         t2 = time.perf_counter()
         self.refs = [ray.put(b) for b in buckets]
         return ObjectStoreWeights(version, self.refs, sums, {"gather_s": t1 - t0, "checksum_s": t2 - t1,
