@@ -130,7 +130,11 @@ class SamplerWorker(WeightReceiverMixin):
 
     async def update_weights(self, payload: Any, version: int) -> int:
         # the engine copies under its batch lock: receive_weights runs it off the event loop
-        return (await self.receive_weights(payload, version))["version"]
+        report = await self.receive_weights(payload, version)
+        if report.get("problems"):
+            raise RuntimeError(f"sampler worker {self.index}: weights version {version} differ from the "
+                               "sender's after loading: " + "; ".join(report["problems"][:10]))
+        return report["version"]
 
     def tasks(self, split: str) -> list[TaskRef]:
         return self.env.tasks(split)
