@@ -76,15 +76,14 @@ async def engine_alone(engine: Any, tokenizer: Any, env: Any, tasks: list[Any], 
 async def bare_vllm(engine: Any, tokenizer: Any, env: Any, tasks: list[Any], rollout: Any) -> tuple[int, float]:
     """``LLM.generate`` on the engine's own ``LLM`` (its thread runs it between two steps, while
     nothing else is queued): the same prompts and ``vllm.SamplingParams`` as ``engine_alone``."""
-    from vllm.inputs import TokensPrompt
-
     from pipeline.engines import SamplingParams
     from pipeline.rollout import build_prompt
 
     params = SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
                             max_tokens=rollout.max_response_length)
     t0 = time.perf_counter()
-    prompts = [TokensPrompt(prompt_token_ids=build_prompt(tokenizer, env.messages(t, [])))
+    # vllm.inputs.TokensPrompt is a TypedDict: this dict is one
+    prompts = [{"prompt_token_ids": build_prompt(tokenizer, env.messages(t, []))}
                for t in tasks for _ in range(rollout.n_trajectories)]
     vparams = engine._sampling_params(params)
     outs = await asyncio.to_thread(engine._call, lambda: engine.llm.generate(prompts, vparams, use_tqdm=False))
