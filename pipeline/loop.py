@@ -308,6 +308,10 @@ class Loop:
             if prologue:
                 metrics["timing/prologue_gen"] = prologue
             metrics["pipeline/weights_version"] = float(self.version)
+            # the push's own split (pipeline.weight_sync push objects; a test's fake has none)
+            split = getattr(self.p.weight_sync, "last_stats", None) or {}
+            metrics.update({f"pipeline/weight_sync_{k}": float(split[k])
+                            for k in ("transport_s", "load_s", "check_s") if k in split})
             self._log(step, metrics, cur.samples)
             saved = self._maybe_checkpoint(step, force=self.stop_requested)
             if steps_bar is not None:
