@@ -235,6 +235,8 @@ class VLLMEngine:
                 f"tensor_parallel_size={self.cfg.tensor_parallel_size}: sharded engine not compared"]}
 
         def check(model: torch.nn.Module) -> dict[str, Any]:
+            if callable(getattr(model, "unwrap", None)):  # a CUDA-graph wrapper around the model
+                model = model.unwrap()
             packed = getattr(model, "packed_modules_mapping", None) or {}
             part_of = {part: fused for fused, parts in packed.items() for part in parts}
             tensors = dict(model.named_parameters())
