@@ -6,7 +6,8 @@
 #   bash bench/device.sh mfu       # bench.trainer with flex_attention, the bench loop with compiled layers
 #   bash bench/device.sh recheck   # bench.cuda_isolation, bench.pipeline at 8 steps (one GPU)
 #   bash bench/device.sh stream    # bench.reward_streaming (cuda), bench.sampler (hf)
-#   bash bench/device.sh vllm      # bench.sampler with the vLLM engine (after .vbundle is installed)
+#   bash bench/device.sh vllm      # vLLM (after .vbundle is installed): its tests, the cuda_ipc push
+#                                  # into vLLM, bench.sampler vllm vs bare vLLM, then hf (< 8 min)
 #   bash bench/device.sh evals     # bench.sandbox, bench.reward_streaming (smaller)
 #   bash bench/device.sh sync      # the GPU weight-sync test, bench.weight_sync (cuda_ipc), the RL step at 32k
 #   bash bench/device.sh sampler   # bench.sampler (hf) with the engine's generate time per path
@@ -99,9 +100,19 @@ recheck)  # the 2026-12-03 follow-up: Landlock variants (+ strace where present)
        model.tiny.num_attention_heads=14 model.tiny.num_key_value_heads=2 model.tiny.tie_word_embeddings=true \
        rollout.n_trajectories=8 rollout.max_response_length=256 pipeline.tasks_per_batch=4
   ;;
-vllm)
-  step sampler_vllm 300 $py -m bench.sampler --engine vllm --preset qwen0.5b --dtype bfloat16 --tasks 8 \
-       --trajectories 16 --max-tokens 512 --repeats 2 --gpu-memory-utilization 0.3 --out "$res/sampler_vllm_h200.json"
+vllm)  # issue 17: the engine's tests and the push into it (JSON of each push's times in $res),
+  # the persistent cuda_ipc buffers across processes, the push through the real actors into vLLM,
+  # the sampler against bare vLLM on the same prompts, and HF beside it (smaller: ~0.6k tokens/s)
+  # its own process: an in-process vLLM engine has taken torch.distributed's default group
+  step gpu_sync_test 40 $py -m pytest -q -s -rA tests/pipeline/test_gpu_weight_sync.py
+  step vllm_tests 170 env OUT="$res" $py -m pytest -q -s -rA -m "vllm or gpu" tests/sampling/test_vllm_engine.py \
+       tests/sampling/test_vllm_weight_push.py
+  step weight_sync_vllm 100 $py -m bench.weight_sync --preset qwen0.5b --engine vllm --transports cuda_ipc \
+       --pushes 6 --out "$res/weight_sync_vllm_h200.json"
+  step sampler_vllm 110 $py -m bench.sampler --engine vllm --preset qwen0.5b --dtype bfloat16 --tasks 4 \
+       --trajectories 16 --max-tokens 256 --repeats 2 --gpu-memory-utilization 0.3 --out "$res/sampler_vllm_h200.json"
+  step sampler_hf 60 $py -m bench.sampler --engine hf --preset qwen0.5b --dtype bfloat16 --tasks 4 \
+       --trajectories 16 --max-tokens 32 --repeats 2 --out "$res/sampler_hf_h200.json"
   ;;
 evals)  # 2026-12-03, after the device gate, the "min" header tier; sized for the ~330 s left that day
   step sandbox 140 $py -m bench.sandbox --backend cuda --prime 2 --distinct 8 --max-concurrent 16 \

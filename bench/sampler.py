@@ -1,6 +1,8 @@
 """Sampler overhead: tokens/s of a generation engine alone, through the episode driver
 (``pipeline.rollout.stream_episodes``, in process) and through a ``SamplerWorker`` Ray actor
-(``SamplerPool``: the whole sampling path the loop uses), on the same requests.
+(``SamplerPool``: the whole sampling path the loop uses), on the same requests. With vLLM the
+first row is bare vLLM: ``LLM.generate`` of the same engine object on the same token-id prompts
+with the same sampling parameters, the reference every overhead is taken against.
 
 Requests: ``--tasks`` ToyEnv tasks x ``--trajectories``, one turn each, ``--max-tokens`` per
 response, temperature 1. ToyEnv scores in microseconds, so what is measured is the wrappers'
@@ -11,6 +13,7 @@ untimed through itself (first batch of that size, a fresh actor's first calls).
 
     python -m bench.sampler --engine hf --preset tiny --max-tokens 64          # CPU
     python -m bench.sampler --engine vllm --preset qwen0.5b --max-tokens 512   # the H200
+    python -m bench.sampler --engine hf --preset qwen0.5b --dtype bfloat16 --max-tokens 512  # fallback
 """
 from __future__ import annotations
 
@@ -70,6 +73,24 @@ async def engine_alone(engine: Any, tokenizer: Any, env: Any, tasks: list[Any], 
     return sum(len(g.token_ids) for g in gens), wall
 
 
+async def bare_vllm(engine: Any, tokenizer: Any, env: Any, tasks: list[Any], rollout: Any) -> tuple[int, float]:
+    """``LLM.generate`` on the engine's own ``LLM`` (its thread runs it between two steps, while
+    nothing else is queued): the same prompts and ``vllm.SamplingParams`` as ``engine_alone``."""
+    from pipeline.engines import SamplingParams
+    from pipeline.rollout import build_prompt
+
+    params = SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
+                            max_tokens=rollout.max_response_length)
+    t0 = time.perf_counter()
+    # vllm.inputs.TokensPrompt is a TypedDict: this dict is one
+    prompts = [{"prompt_token_ids": build_prompt(tokenizer, env.messages(t, []))}
+               for t in tasks for _ in range(rollout.n_trajectories)]
+    vparams = engine._sampling_params(params)
+    outs = await asyncio.to_thread(engine._call, lambda: engine.llm.generate(prompts, vparams, use_tqdm=False))
+    wall = time.perf_counter() - t0
+    return sum(len(o.outputs[0].token_ids) for o in outs), wall
+
+
 async def through_rollout(engine: Any, tokenizer: Any, env: Any, tasks: list[Any], rollout: Any,
                           step: int) -> tuple[int, float]:
     from pipeline.rollout import stream_episodes
@@ -99,9 +120,11 @@ def best(runs: list[tuple[int, float]], before: dict[str, float] | None = None,
     out = {"tokens": runs[i][0], "wall_s": runs[i][1], "tokens_per_s": tps[i],
            "tokens_per_s_median": sorted(tps)[len(tps) // 2]}
     if before is not None and after is not None:
+        # HF counts generate calls and their seconds; vLLM its engine steps and their seconds
+        busy, calls = ("gen_s", "batches") if "gen_s" in after else ("busy_s", "steps")
         out["wall_s_mean"] = sum(w for _, w in runs) / len(runs)
-        out["engine_s_mean"] = (after["gen_s"] - before["gen_s"]) / len(runs)
-        out["batches_per_run"] = (after["batches"] - before["batches"]) / len(runs)
+        out["engine_s_mean"] = (after[busy] - before[busy]) / len(runs)
+        out[f"{calls}_per_run"] = (after[calls] - before[calls]) / len(runs)
     return out
 
 
@@ -114,6 +137,11 @@ async def in_process(args: Any, model_cfg: Any, rollout: Any) -> list[dict[str, 
     env, tasks = toy_tasks(args.tasks)
     rows = []
     try:
+        if args.engine == "vllm":
+            await bare_vllm(engine, tokenizer, env, tasks, rollout)  # warm-up
+            bare = [await bare_vllm(engine, tokenizer, env, tasks, rollout) for _ in range(args.repeats)]
+            rows.append({"path": "bare vLLM (LLM.generate)", **best(bare)})
+            progress("sampler", rows[-1])
         await engine_alone(engine, tokenizer, env, tasks, rollout)  # warm-up
         before = dict(engine.stats())
         alone = [await engine_alone(engine, tokenizer, env, tasks, rollout) for _ in range(args.repeats)]
@@ -140,7 +168,7 @@ async def in_process(args: Any, model_cfg: Any, rollout: Any) -> list[dict[str, 
 
 async def engine_counters(pool: Any) -> dict[str, float]:
     stats = (await pool.stats())[0]
-    return {k: stats[f"engine/{k}"] for k in ("gen_s", "batches")}
+    return {k: stats[f"engine/{k}"] for k in ("gen_s", "batches", "busy_s", "steps") if f"engine/{k}" in stats}
 
 
 async def in_worker(args: Any, model_cfg: Any, rollout: Any) -> dict[str, Any]:
@@ -201,7 +229,7 @@ def main() -> None:
     base = rows[0]["tokens_per_s"]
     for r in rows:
         r["overhead"] = 1.0 - r["tokens_per_s"] / base
-        if "engine_s_mean" in r:  # the time outside the engine's generate: the wrapper's own cost
+        if "engine_s_mean" in r and r["wall_s_mean"]:  # the time outside generate: the wrapper's cost
             r["outside_engine_share"] = 1.0 - r["engine_s_mean"] / r["wall_s_mean"]
     worst = max(r["overhead"] for r in rows[1:])
     extra = {"engine": args.engine, "preset": args.preset,

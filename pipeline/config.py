@@ -147,6 +147,13 @@ def check(cfg: Any) -> None:
         errors.append(f"algorithm.ppo_mini_batches={a.ppo_mini_batches}: expected >= 1")
     if a.micro_batch_tokens < 1:
         errors.append(f"algorithm.micro_batch_tokens={a.micro_batch_tokens}: expected >= 1")
+    engine = cfg.rollout.engine
+    if engine.type == "vllm" and cfg.resources.sampler.gpus > 0 and \
+            engine.vllm.tensor_parallel_size != cfg.resources.sampler.gpus_per_worker:
+        errors.append(f"rollout.engine.vllm.tensor_parallel_size={engine.vllm.tensor_parallel_size} but "
+                      f"resources.sampler.gpus_per_worker={cfg.resources.sampler.gpus_per_worker}: each "
+                      "sampler worker's engine spans exactly its GPUs; set only "
+                      "resources.sampler.gpus_per_worker (the engine's size follows it)")
     if cfg.env not in ("kernel", "toy"):
         errors.append(f"env={cfg.env!r}: expected kernel or toy")
     if cfg.trainer.optim.lr <= 0:

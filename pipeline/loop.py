@@ -48,6 +48,7 @@ class PipelineConfig:
     shuffle_tasks: bool = MISSING    # new task order each pass over the split (seeded)
     weight_sync: str = MISSING       # auto | object_store | cuda_ipc | broadcast
     initial_weight_sync: bool = MISSING  # push the trainer's weights before the first batch
+    verify_weight_sync: bool = MISSING   # compare per-tensor checksums of engine and trainer after each push
     progress: bool = MISSING         # progress bars on generation / training
     seed: int = MISSING
 
@@ -93,7 +94,7 @@ class LoopParts:
 
     samplers: Samplers               # SamplerPool
     trainer: Trainer                 # TrainerGroup
-    weight_sync: WeightPush          # WeightSync
+    weight_sync: WeightPush          # pipeline.weight_sync.make_weight_sync
     tasks: list[Any]                 # TaskRefs of the training split
     build_batch: Callable[[list[Sample], int], Any]    # (samples, step) -> TrainBatch | None
     rollout_metrics: Callable[[list[Sample]], dict[str, float]]
@@ -327,6 +328,10 @@ class Loop:
             if prologue:
                 metrics["timing/prologue_gen"] = prologue
             metrics["pipeline/weights_version"] = float(self.version)
+            # the push's own split (pipeline.weight_sync push objects; a test's fake has none)
+            split = getattr(self.p.weight_sync, "last_stats", None) or {}
+            metrics.update({f"pipeline/weight_sync_{k}": float(split[k])
+                            for k in ("transport_s", "load_s", "check_s") if k in split})
             self._log(step, metrics, cur.samples)
             saved = self._maybe_checkpoint(step, force=self.stop_requested)
             if steps_bar is not None:

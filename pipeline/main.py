@@ -110,7 +110,7 @@ class Session:
         from pipeline.rollout_config import max_response_length, response_length_at
         from pipeline.sampler import SamplerPool
         from pipeline.trainer import TrainerGroup
-        from pipeline.weight_sync import WeightSync, choose_transport
+        from pipeline.weight_sync import choose_transport, make_weight_sync
 
         env_vars = {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
         import ray
@@ -147,8 +147,9 @@ class Session:
             resume_dir=str(resume_dir) if resume_dir else None, env_vars=env_vars)
         self.closers.append(trainer.shutdown)
         on_gpu = cfg.resources.trainer.gpus > 0
-        sync = WeightSync(trainer, samplers, choose_transport(
-            cfg.pipeline.weight_sync, shared, on_gpu, shared_gpus=cfg.resources.trainer.gpus))
+        sync = make_weight_sync(trainer, samplers, choose_transport(
+            cfg.pipeline.weight_sync, shared, on_gpu, shared_gpus=cfg.resources.trainer.gpus),
+            verify=cfg.pipeline.verify_weight_sync)
         tokenizer = load_tokenizer(cfg.model)
         tasks = ray.get(samplers.workers[0].tasks.remote(cfg.pipeline.task_split))
         self.logger = MetricsLogger(cfg.logger, run_dir, run_name=self.run_name,

@@ -14,7 +14,8 @@ picklable zero-argument callable. Actor methods:
   ``rollout.stream_buffer`` unread samples, then the worker's trajectories wait.
 * ``update_weights(payload, version)``: any payload of :mod:`pipeline.weight_sync` (object-store
   buckets, CUDA IPC handles, broadcast layout) or ``(name, tensor)`` pairs / a state dict; in
-  place, between batches of the engine. ``join_weight_group(...)`` comes from the mixin.
+  place, between batches of the engine. ``receive_weights`` (the same, returning timings and the
+  checksum comparison) and ``join_weight_group(...)`` come from the mixin.
 * ``tasks(split)``, ``stats()``, ``sleep()``, ``wake()``, ``ping()``, ``aclose()``.
 
 ``SamplerPool(model_cfg, rollout_cfg, env_spec, pool=None, n_workers=1, ...)`` spawns one worker
@@ -128,9 +129,12 @@ class SamplerWorker(WeightReceiverMixin):
         yield stats
 
     async def update_weights(self, payload: Any, version: int) -> int:
-        # the engine copies under its batch lock: run it off the event loop so streams keep flowing
-        await asyncio.to_thread(self.engine.load_weights, self.weights_of(payload), version)
-        return self.engine.version
+        # the engine copies under its batch lock: receive_weights runs it off the event loop
+        report = await self.receive_weights(payload, version)
+        if report.get("problems"):
+            raise RuntimeError(f"sampler worker {self.index}: weights version {version} differ from the "
+                               "sender's after loading: " + "; ".join(report["problems"][:10]))
+        return report["version"]
 
     def tasks(self, split: str) -> list[TaskRef]:
         return self.env.tasks(split)
@@ -277,11 +281,15 @@ class SamplerPool:
         return list(await asyncio.gather(*[getattr(w, method).remote(*args) for w in self.workers]))
 
     async def update_weights(self, payload: Any, version: int) -> list[int]:
+        return [r["version"] for r in await self.receive_weights(payload, version)]
+
+    async def receive_weights(self, payload: Any, version: int) -> list[dict[str, Any]]:
+        """Every worker loads ``payload``; one report each (``WeightReceiverMixin.receive_weights``)."""
         from pipeline.weight_sync import ObjectStoreWeights
 
         # object-store payloads can be handed again to a worker started later; the others cannot
         self._last_weights = (payload, version) if isinstance(payload, ObjectStoreWeights) else None
-        return await self._all("update_weights", payload, version)
+        return await self._all("receive_weights", payload, version)
 
     async def _replace(self, i: int) -> Any:
         """A new actor in worker ``i``'s place (same bundle), with the newest weights when they can

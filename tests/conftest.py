@@ -27,9 +27,11 @@ def pytest_collection_modifyitems(config, items):
     except Exception:
         has_vllm = False
     for item in items:
-        if "gpu" in item.keywords and not cuda:
+        # markers, not keywords: keywords also hold the names of the folders above (a checkout
+        # in a folder named vllm or gpu would skip everything)
+        if item.get_closest_marker("gpu") and not cuda:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
-        if "vllm" in item.keywords and not has_vllm:
+        if item.get_closest_marker("vllm") and not has_vllm:
             item.add_marker(pytest.mark.skip(reason="needs vLLM and a CUDA GPU"))
 
 

@@ -8,7 +8,7 @@ which is exactly what the trainer recomputes; at temperature 0 (greedy) the raw 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol, runtime_checkable
+from typing import Any, Iterable, Protocol, runtime_checkable
 
 import torch
 
@@ -68,6 +68,11 @@ class Engine(Protocol):
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Copy HF-named tensors into the live model in place (between batches); set ``version``.
         May be called several times for one version (one call per weight bucket)."""
+
+    def check_weights(self, expected: dict[str, Any]) -> dict[str, Any]:
+        """Compare the live tensors with a sender's per-tensor checksums (HF names) after a load:
+        ``{"checked": n, "unchecked": [...], "problems": [...]}``
+        (``pipeline.weight_sync.base.compare_checksums``)."""
 
     def sleep(self) -> None:
         """Free what generation holds (KV cache; GPU weights for HF) until ``wake()``."""

@@ -218,6 +218,13 @@ class HFEngine:
             self.version = version
         self._stats["weight_loads"] += 1
 
+    def check_weights(self, expected: dict[str, Any]) -> dict[str, Any]:
+        """Compare the model's tensors with a sender's checksums (``pipeline.weight_sync.base``)."""
+        from pipeline.weight_sync.base import compare_checksums
+
+        with self._lock:
+            return compare_checksums(expected, self.model.state_dict())
+
     def sleep(self) -> None:
         with self._lock:
             self._asleep = True

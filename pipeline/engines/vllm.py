@@ -10,9 +10,10 @@ batch at the next step, it does not wait for the batch to end.
   log-prob after temperature (and top-k/top-p, when set: then it is of the filtered distribution
   actually sampled from; with top_p=1, top_k=-1 it is ``log_softmax(logits / T)``, the trainer's).
 * Weights: ``collective_rpc("reload_weights", weights_iterator=..., is_checkpoint_format=True)``
-  (HF names, in place, keeps data pointers so CUDA graphs stay valid), then
-  ``reset_prefix_cache()`` so no KV of the old weights is reused. It runs on the engine thread
-  between two steps. A request reports the version it started under.
+  (HF names, in place, keeps data pointers so CUDA graphs stay valid), a device synchronisation,
+  then ``reset_prefix_cache()`` so no KV of the old weights is reused. It runs on the engine
+  thread between two steps. A request reports the version it started under. ``check_weights``
+  compares the model's tensors with the sender's checksums (``apply_model``), after a push.
 * ``sleep()``/``wake()``: vLLM sleep mode (level from config: 1 offloads weights and drops the KV
   cache). The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so weight
   tensors reach the worker without pickling.
@@ -65,7 +66,7 @@ class VLLMEngine:
         self._waiting: dict[str, tuple[asyncio.Future, asyncio.AbstractEventLoop, int, int]] = {}
         self._sems: dict[int, asyncio.Semaphore] = {}
         self._stats = {"requests": 0, "tokens": 0, "errors": 0, "weight_loads": 0, "steps": 0,
-                       "busy_s": 0.0}
+                       "busy_s": 0.0, "load_s": 0.0}
         self._closed = False
         self.owned_dir: str | None = None  # a temporary checkpoint written for this engine
         self._thread = threading.Thread(target=self._loop, name="vllm-engine", daemon=True)
@@ -212,11 +213,38 @@ class VLLMEngine:
         def reload() -> None:
             self.llm.collective_rpc("reload_weights", kwargs=dict(
                 weights_iterator=weights, is_checkpoint_format=True))
+            # the copies run on the device asynchronously: done before the sender may reuse its
+            # buffers, and before the load is timed as done
+            torch.cuda.synchronize()
             self.llm.reset_prefix_cache()  # cached prompt KV came from the old weights
 
+        t0 = time.perf_counter()
         self._call(reload)
         self.version = version
         self._stats["weight_loads"] += 1
+        self._stats["load_s"] = time.perf_counter() - t0
+
+    def check_weights(self, expected: dict[str, Any]) -> dict[str, Any]:
+        """Compare the model's tensors with a sender's checksums (HF names). vLLM stacks some HF
+        tensors into one (``q_proj``, ``k_proj``, ``v_proj`` -> ``qkv_proj``: the model class's
+        ``packed_modules_mapping``); their sums add up, so each is compared as its parts' total."""
+        from pipeline.weight_sync.base import compare_checksums
+
+        if self.cfg.tensor_parallel_size > 1:  # each worker holds a shard: no whole tensor here
+            return {"checked": 0, "problems": [], "unchecked": [
+                f"tensor_parallel_size={self.cfg.tensor_parallel_size}: sharded engine not compared"]}
+
+        def check(model: torch.nn.Module) -> dict[str, Any]:
+            if callable(getattr(model, "unwrap", None)):  # a CUDA-graph wrapper around the model
+                model = model.unwrap()
+            packed = getattr(model, "packed_modules_mapping", None) or {}
+            part_of = {part: fused for fused, parts in packed.items() for part in parts}
+            tensors = dict(model.named_parameters())
+            tensors.update(model.named_buffers())
+            return compare_checksums(expected, tensors,
+                                     lambda name: ".".join(part_of.get(c, c) for c in name.split(".")))
+
+        return self._call(lambda: self.llm.apply_model(check)[0])
 
     def sleep(self) -> None:
         if not self.cfg.enable_sleep_mode:

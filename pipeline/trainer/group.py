@@ -75,12 +75,35 @@ class TrainerGroup:
         out["actor/micro_batches"] = float(sum(len(m) for m in plan.ranks[0].mini_batches))
         return out
 
-    def export_to_object_store(self) -> list[Any]:
-        """Every rank joins the gather; rank 0's bucket refs come back."""
-        return self._call("export_to_object_store")[0]
+    # ---- weight sync (pipeline/weight_sync/): every rank takes part, rank 0's answer returns --
+    async def _rank0(self, method: str, *args: Any) -> Any:
+        import asyncio
 
-    def run_all(self, fn_name: str, *args: Any) -> list[Any]:
-        return self._call("run", fn_name, *args)
+        results = await asyncio.gather(*[getattr(w, method).remote(*args) for w in self.workers])
+        return results[0]
+
+    async def object_store_send(self, version: int, verify: bool) -> Any:
+        return await self._rank0("object_store_send", version, verify)
+
+    async def cuda_ipc_send(self, version: int, verify: bool) -> Any:
+        return await self._rank0("cuda_ipc_send", version, verify)
+
+    async def broadcast_prepare(self, version: int, verify: bool) -> Any:
+        return await self._rank0("broadcast_prepare", version, verify)
+
+    async def broadcast_send(self) -> float:
+        return await self.workers[0].broadcast_send.remote()
+
+    def broadcast_join(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
+        self._call("broadcast_join", host, port, world_size, timeout_s)
+
+    def rank0_address(self) -> tuple[str, int]:
+        import ray
+
+        return ray.get(self.workers[0].address.remote())
+
+    def weight_payload_bytes(self) -> int:
+        return self._call("weight_payload_bytes")[0]
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return self._call("full_state_dict")[0]

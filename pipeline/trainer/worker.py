@@ -58,7 +58,6 @@ class TrainerWorker:
         if self.on_gpu and gpu_memory_fraction:
             torch.cuda.set_per_process_memory_fraction(gpu_memory_fraction, 0)
         self.optim_steps = 0
-        self._exported: list[Any] = []  # object refs of the last export, kept alive for samplers
 
     # ---- setup -------------------------------------------------------------------------
     def address(self) -> tuple[str, int]:
@@ -296,7 +295,7 @@ class TrainerWorker:
         from pipeline.weight_sync import gathered_without_aliases
 
         sd = self.full_state_dict()
-        return None if sd is None else gathered_without_aliases(self, sd)
+        return None if sd is None else gathered_without_aliases(self.model, sd)
 
     def export_dtype(self) -> torch.dtype:
         return _dtype(self.cfg.export_dtype, self.on_gpu)
@@ -317,21 +316,40 @@ class TrainerWorker:
             size += nbytes
         return out
 
-    def export_to_object_store(self) -> list[Any] | None:
-        """Rank 0: one object-store ref per bucket (the refs stay alive until the next export)."""
-        import ray
+    # ---- weight sync: one sender per transport (pipeline/weight_sync/), these methods only --
+    def weight_sender(self, transport: str) -> Any:
+        """This rank's sender of ``transport`` (made at first use; it keeps its state between
+        pushes: the object store's refs, cuda_ipc's mapped buffers, broadcast's group)."""
+        from pipeline.weight_sync import SENDERS
 
-        sd = self.exported_state_dict()
-        if sd is None:
-            return None
-        self._exported = [ray.put(b) for b in self.buckets(sd)]
-        return self._exported
+        senders = self.__dict__.setdefault("_senders", {})
+        if transport not in senders:
+            senders[transport] = SENDERS[transport](self)
+        return senders[transport]
 
-    def run(self, fn_name: str, *args: Any, **kw: Any) -> Any:
-        """Call a weight-sync method by name (``pipeline.weight_sync`` adds GPU transports)."""
-        from pipeline import weight_sync
+    def object_store_send(self, version: int, verify: bool) -> Any:
+        return self.weight_sender("object_store").send(version, verify)
 
-        return getattr(weight_sync, fn_name)(self, *args, **kw)
+    def cuda_ipc_send(self, version: int, verify: bool) -> Any:
+        return self.weight_sender("cuda_ipc").send(version, verify)
+
+    def broadcast_join(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
+        self.weight_sender("broadcast").join(host, port, world_size, timeout_s)
+
+    def broadcast_prepare(self, version: int, verify: bool) -> Any:
+        return self.weight_sender("broadcast").prepare(version, verify)
+
+    def broadcast_send(self) -> float:
+        return self.weight_sender("broadcast").send()
+
+    def weight_payload_bytes(self) -> int:
+        """Bytes one push carries (a tied weight once, floats in the export dtype): the same for
+        every transport."""
+        from pipeline.weight_sync import without_aliases
+
+        itemsize = self.export_dtype().itemsize
+        sd = without_aliases(self.model.state_dict())
+        return sum(t.numel() * (itemsize if t.is_floating_point() else t.element_size()) for t in sd.values())
 
     # ---- checkpoints -------------------------------------------------------------------
     def save(self, directory: str) -> None:

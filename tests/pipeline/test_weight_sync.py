@@ -1,6 +1,7 @@
 """Trainer -> samplers weight push through real Ray actors: object store, then a gloo broadcast
-group. After a push, the samplers' log-probs are those of the trainer's weights. The flat-buffer
-packing that cuda_ipc and broadcast share, and cuda_ipc's bucket plan, without a GPU."""
+group. After a push, the samplers' log-probs are those of the trainer's weights, and every
+engine's checksums matched the sender's. The flat-buffer packing that cuda_ipc and broadcast
+share, cuda_ipc's persistent buffers and the checksum comparison, without a GPU."""
 import asyncio
 
 import pytest
@@ -12,8 +13,8 @@ from pipeline.rollout_config import load_rollout_config
 from pipeline.sampler import SamplerPool
 from pipeline.trainer import TrainerConfig, TrainerGroup, TrainerWorker
 from pipeline.trainer.worker import free_port
-from pipeline.weight_sync import (WeightSync, broadcast_prepare, choose_transport, flat_layouts,
-                                  ipc_bucket, ipc_prepare, ipc_release, pack, without_aliases)
+from pipeline.weight_sync import (checksums, choose_transport, flat_layouts, make_weight_sync, pack,
+                                  without_aliases)
 from rewards.interface import TaskRef
 from tests.pipeline.conftest import group
 
@@ -54,9 +55,13 @@ def test_push_reaches_every_sampler(ray_local):
         assert max_gap(model0, before) < 1e-4 and max_gap(model1, before) > 1e-2
 
         assert choose_transport("auto", colocated=False, on_gpu=False) == "object_store"
-        sync = WeightSync(trainer, samplers, "object_store")
+        sync = make_weight_sync(trainer, samplers, "object_store")
         seconds = asyncio.run(sync.push(1))
         assert seconds > 0
+        stats = sync.last_stats  # every tensor compared on every engine, the time split in parts
+        assert stats["checked_tensors"] == len(model1.state_dict())
+        assert stats["load_s"] > 0 and stats["check_s"] > 0
+        assert abs(stats["transport_s"] + stats["load_s"] + stats["check_s"] - seconds) < 1e-6
         after = asyncio.run(generate(samplers, 1, tasks))
         assert {s.policy_version for s in after} == {1}
         assert len({s.task_id for s in after}) == 2  # both workers generated
@@ -65,7 +70,7 @@ def test_push_reaches_every_sampler(ray_local):
         # back to the base weights with a plain state dict, then the broadcast transport
         asyncio.run(samplers.update_weights(dict(model0.state_dict()), 2))
         assert max_gap(model0, asyncio.run(generate(samplers, 2, tasks))) < 1e-4
-        bsync = WeightSync(trainer, samplers, "broadcast", timeout_s=120)
+        bsync = make_weight_sync(trainer, samplers, "broadcast", timeout_s=120)
         asyncio.run(bsync.push(3))
         again = asyncio.run(generate(samplers, 3, tasks))
         assert {s.policy_version for s in again} == {3}
@@ -141,54 +146,82 @@ def test_a_tied_weight_reaches_an_hf_engine_once_and_updates_both_names():
     assert torch.equal(sampler_model.model.embed_tokens.weight, trainer_model.model.embed_tokens.weight)
 
 
-def test_ipc_buckets_pack_the_state_dict_within_the_limit():
-    """cuda_ipc's plan and packing on a one-rank FSDP2 trainer (gloo): tied embeddings, a
-    non-float buffer, bf16 export, buckets of 50 KB. Rank 0 would also export CUDA IPC handles
-    (the GPU test does); as any other rank, the worker packs the same buffers and returns none."""
+def test_engine_checksums_catch_a_changed_tensor():
+    """What a push's verification relies on: the HF engine's comparison passes after a load and
+    names the one tensor that differs once it changes."""
+    from pipeline.engines.hf import HFEngine
+
+    import copy
+
+    sampler_model, tok = load_model_and_tokenizer(group(ModelConfig, "model/tiny"))
+    trainer_model = copy.deepcopy(sampler_model)
+    with torch.no_grad():
+        for p in trainer_model.parameters():
+            p.add_(torch.randn_like(p) * 1e-2)
+    engine = HFEngine(sampler_model, tok, device="cpu")
+    sent = list(without_aliases(trainer_model.state_dict()).items())
+    expected = checksums(sent)
+    assert engine.check_weights(expected)["problems"]  # not loaded yet: everything differs
+    engine.load_weights(sent, version=1)
+    ok = engine.check_weights(expected)
+    assert ok["problems"] == [] and ok["checked"] == len(sent)
+    with torch.no_grad():
+        sampler_model.model.layers[0].mlp.up_proj.weight[3, 5] += 1e-3
+    bad = engine.check_weights(expected)
+    assert len(bad["problems"]) == 1 and "layers.0.mlp.up_proj.weight" in bad["problems"][0]
+
+
+def test_cuda_ipc_buffers_persist_across_pushes():
+    """cuda_ipc's sender on a one-rank FSDP2 trainer (gloo, on CPU: the packing and the version
+    header; the GPU test maps them from another process): tied embeddings, a non-float buffer,
+    bf16 export. A second push after an optimiser-like update writes the new values into the same
+    storage, behind the new version; the broadcast sender packs the same tensors."""
     cfg = group(TrainerConfig, "trainer/fsdp2", weight_bucket_mb=0.05, export_dtype="bfloat16")
     model_cfg = group(ModelConfig, "model/tiny", **{"tiny.tie_word_embeddings": True})
     worker = TrainerWorker(0, 1, model_cfg, cfg, None, max_response_length=8, temperature=1.0,
                            total_optim_steps=1)
     worker.init("127.0.0.1", free_port())
+
+    def expected():
+        return {k: v.to(torch.bfloat16) if v.is_floating_point() else v
+                for k, v in worker.full_state_dict().items()}
+
+    def packed(sender):
+        return {name: view.clone() for layout, flat in zip(sender.layouts, sender.flats)
+                for name, view in layout.views(flat)}
+
     try:
         worker.model.model.norm.register_buffer("steps", torch.arange(5, dtype=torch.int32))
-        expected = {k: v.to(torch.bfloat16) if v.is_floating_point() else v
-                    for k, v in worker.full_state_dict().items()}
+        want = expected()
         # the object store and broadcast send the tied weight once too (their gathered state
         # dicts hold it twice, in separate storage)
-        assert set(worker.exported_state_dict()) == set(expected) - {"lm_head.weight"}
-        sent = broadcast_prepare(worker, version=1)
+        assert set(worker.exported_state_dict()) == set(want) - {"lm_head.weight"}
+        sent = worker.broadcast_prepare(1, True)
         broadcast_names = {name for layout in sent.buffers for name, _, _ in layout.tensors}
-        assert broadcast_names == set(expected) - {"lm_head.weight"}
-        for layout, flat in zip(sent.buffers, worker._broadcast_flats):
+        assert broadcast_names == set(want) - {"lm_head.weight"} and len(sent.buffers) > 2  # buckets
+        for layout, flat in zip(sent.buffers, worker.weight_sender("broadcast").flats):
             for name, view in layout.views(flat):
-                assert torch.equal(view, expected[name]), name
-        worker.rank = 1
-        limit = cfg.weight_bucket_mb * 2**20
-        n = ipc_prepare(worker)
-        assert n > 1
-        got, dtypes_per_bucket = {}, []
-        for i in range(n):
-            assert ipc_bucket(worker, i, version=1) is None
-            layouts = worker._ipc_plan[i]
-            dtypes_per_bucket.append({layout.dtype for layout in layouts})
-            assert len(worker._ipc_live) == len(layouts)
-            names = [name for layout in layouts for name, _, _ in layout.tensors]
-            nbytes = sum(expected[k].numel() * expected[k].element_size() for k in names)
-            assert nbytes <= limit or len(names) == 1  # a tensor over the limit goes alone
-            for layout, flat in zip(layouts, worker._ipc_live):
-                for name, view in layout.views(flat):
-                    assert name not in got
-                    got[name] = view.clone()
-        ipc_release(worker)
-        assert worker._ipc_live == []
+                assert torch.equal(view, want[name]), name
+        assert set(sent.checksums) == broadcast_names
+
+        sender = worker.weight_sender("cuda_ipc")
+        sender.pack(1)
+        assert [layout.dtype for layout in sender.layouts] == ["bfloat16", "int32"]  # one per dtype
+        assert int(sender.header) == 1
+        got = packed(sender)
+        # the tied lm_head is the embedding: sent once, under the embedding's name
+        assert set(got) == set(want) - {"lm_head.weight"} and "model.embed_tokens.weight" in got
+        for name, t in got.items():
+            assert t.dtype == want[name].dtype and torch.equal(t, want[name]), name
+        pointers = [flat.data_ptr() for flat in sender.flats]
+        with torch.no_grad():  # the optimiser steps in place
+            for p in worker.model.parameters():
+                p.to_local().add_(0.5)
+        sender.pack(2)
+        assert [flat.data_ptr() for flat in sender.flats] == pointers and int(sender.header) == 2
+        want2, got2 = expected(), packed(sender)
+        assert not torch.equal(want2["model.norm.weight"], want["model.norm.weight"])
+        for name, t in got2.items():
+            assert torch.equal(t, want2[name]), name
     finally:
         worker.shutdown()
-    assert {"bfloat16", "int32"} in dtypes_per_bucket  # the buffer shares a bucket with floats
-    # the tied lm_head is the embedding: sent once, under the embedding's name
-    assert set(got) == set(expected) - {"lm_head.weight"}
-    assert "model.embed_tokens.weight" in got
-    for name, want in expected.items():
-        if name == "lm_head.weight":
-            continue
-        assert got[name].dtype == want.dtype and torch.equal(got[name], want), name

@@ -1,0 +1,120 @@
+"""``broadcast`` (separate GPUs or nodes): a process group of its own (TCPStore + NCCL, or gloo on
+CPU) joining trainer rank 0 (rank 0 of that group) and every sampler worker; each flat buffer
+(one per bucket and dtype) is broadcast from rank 0 while the samplers copy the previous one in."""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+
+from pipeline.weight_sync.base import (Checksums, FlatLayout, WeightPushBase, broadcast, checksums,
+                                       flat_layouts, gathered_without_aliases, meta_export, new_group,
+                                       pack)
+
+
+@dataclass
+class BroadcastWeights:
+    version: int
+    buffers: list[FlatLayout] = field(default_factory=list)  # in broadcast order
+    checksums: Checksums | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def tensors(self, receiver: Any) -> Iterator[tuple[str, torch.Tensor]]:
+        if receiver.group is None:
+            raise RuntimeError("broadcast weights arrived before join_weight_group(): the sampler is "
+                               "not in the weight group")
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+            else torch.device("cpu")
+        for layout in self.buffers:
+            flat = layout.empty(device)
+            broadcast(receiver.group, flat)
+            yield from layout.views(flat)
+
+    def finish(self, receiver: Any) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+
+class BroadcastSender:
+    """In a trainer rank: rank 0 is rank 0 of the weight group; the others only join the gather."""
+    transport = "broadcast"
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+        self.group: Any = None
+        self.flats: list[torch.Tensor] = []
+
+    def join(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
+        """Rank 0 joins the weight group as its rank 0 (the store's master). Other ranks: no-op."""
+        if self.worker.rank == 0:
+            self.group = new_group(host, port, 0, world_size, timeout_s)
+
+    def prepare(self, version: int, verify: bool) -> BroadcastWeights | None:
+        """All ranks: gather. Rank 0 packs the buckets into flat buffers and returns their layouts."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        w = self.worker
+        t0 = time.perf_counter()
+        on_gpu = w.device.type == "cuda"
+        sd = get_model_state_dict(w.model, options=StateDictOptions(full_state_dict=True,
+                                                                    cpu_offload=not on_gpu))
+        if w.rank != 0:
+            return None
+        sd = gathered_without_aliases(w.model, sd)  # a tied weight goes once, as with cuda_ipc
+        layouts = [layout for bucket in w.buckets(dict(meta_export(sd, w.export_dtype())))
+                   for layout in flat_layouts(bucket)]
+        self.flats = pack(layouts, sd.__getitem__, w.device)
+        t1 = time.perf_counter()
+        sums = None
+        if verify:
+            sums = checksums([pair for layout, flat in zip(layouts, self.flats) for pair in layout.views(flat)])
+        return BroadcastWeights(version, layouts, sums, {"pack_s": t1 - t0,
+                                                         "checksum_s": time.perf_counter() - t1})
+
+    def send(self) -> float:
+        """Rank 0: send every prepared buffer; returns seconds spent."""
+        if self.worker.rank != 0:
+            return 0.0
+        t0 = time.perf_counter()
+        for flat in self.flats:
+            broadcast(self.group, flat)
+        self.flats = []
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+
+class BroadcastPush(WeightPushBase):
+    """Forms the weight group at start, and again whenever the pool has replaced a worker since:
+    the replacement is not in the old group, whose world size still counts the lost one, so a
+    broadcast there would hang."""
+    transport = "broadcast"
+
+    def __init__(self, trainer: Any, samplers: Any, timeout_s: float = 600.0, verify: bool = True) -> None:
+        super().__init__(trainer, samplers, timeout_s, verify)
+        self._group_restarts = -1  # the sampler pool's restart count when the group was formed
+        self._form_group()
+
+    def _form_group(self) -> None:
+        """A weight group of trainer rank 0 and every sampler worker, on a fresh port (blocking)."""
+        import ray
+
+        host, port = self.trainer.rank0_address()
+        world = 1 + len(self.samplers.workers)
+        joins = [w.join_weight_group.remote(host, port, 1 + i, world, self.timeout_s)
+                 for i, w in enumerate(self.samplers.workers)]
+        self.trainer.broadcast_join(host, port, world, self.timeout_s)
+        ray.get(joins)
+        self._group_restarts = getattr(self.samplers, "restarts", 0)
+
+    async def _send(self, version: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        if getattr(self.samplers, "restarts", 0) != self._group_restarts:
+            await asyncio.to_thread(self._form_group)
+        payload = await self.trainer.broadcast_prepare(version, self.verify)
+        send = asyncio.ensure_future(self.trainer.broadcast_send())
+        reports = await self.samplers.receive_weights(payload, version)
+        timings = dict(payload.timings, send_s=await send)
+        return timings, reports
