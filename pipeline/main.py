@@ -84,9 +84,13 @@ class Session:
     """Everything one job builds; ``close`` tears it down in reverse order."""
 
     def __init__(self, cfg: Config, run_dir: Path, resolved: dict[str, Any],
-                 run_name: str | None = None, group: str | None = None) -> None:
+                 run_name: str | None = None, group: str | None = None,
+                 env_factory: Any = None) -> None:
+        """``env_factory(cfg, eval_gpus)``: the samplers' env spec in place of :func:`env_spec`
+        (bench/pipeline.py gives the kernel env stored answers to evaluate)."""
         self.closers: list[Any] = []
         self.run_name, self.group = run_name or str(cfg.name), group
+        self.env_factory = env_factory or env_spec
         try:
             self._build(cfg, run_dir, resolved)
         except BaseException:
@@ -131,7 +135,7 @@ class Session:
             print(f"[pipeline] resuming from {resume_dir} at step {state['step'] + 1}", file=sys.stderr)
         self.start_step = state.get("step", -1) + 1
 
-        samplers = SamplerPool(cfg.model, cfg.rollout, env_spec(cfg, evaluator_gpus(pools)),
+        samplers = SamplerPool(cfg.model, cfg.rollout, self.env_factory(cfg, evaluator_gpus(pools)),
                                pool=pools.sampler,
                                gpu_memory_fraction=cfg.resources.sampler.gpu_memory_fraction
                                if shared else None, env_vars=env_vars)
