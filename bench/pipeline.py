@@ -43,12 +43,13 @@ KEYS = {"step_s": "timing/step", "gen_s": "timing/gen", "reward_tail_s": "timing
         "gen_plus_reward_s": "timing/gen_total", "train_s": "timing/train", "sync_s": "timing/weight_sync",
         "efficiency": "pipeline/efficiency", "eval_p95_s": "timing/eval_p95",
         "policy_lag": "pipeline/policy_lag", "policy_lag_max": "pipeline/policy_lag_max",
-        "dropped": "staleness/dropped_samples", "samples": "perf/samples"}
+        "dropped": "staleness/dropped_samples", "samples": "perf/samples", "correct": "score/correct",
+        "errors": "sample/error_frac"}
 LANES = ("sampler", "reward", "trainer", "sync")
 COLUMNS = ["k", "schedule", "steps", "steady", "step_s", "step_s_se", "gen_s", "reward_tail_s",
            "eval_p95_s", "tail_over_eval_p95", "gen_plus_reward_s", "train_s", "sync_s", "efficiency",
            "policy_lag", "policy_lag_max", "dropped", "busy_sampler", "busy_reward", "busy_trainer",
-           "busy_sync", "reward_mean", "wall_s"]
+           "busy_sync", "samples", "correct", "errors", "reward_mean", "wall_s"]
 
 
 def compose(overrides: list[str]) -> Any:

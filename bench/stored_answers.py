@@ -87,6 +87,10 @@ def env_factory(share: float = 1.0, variants: int = 1) -> Any:
     def factory(cfg: Any, eval_gpus: Any) -> Any:
         if cfg.env != "kernel":
             raise ValueError(f"--stored-answers needs env=kernel (this config has env={cfg.env})")
+        answered = len(available(cfg.reward.backend))
+        if cfg.pipeline.tasks_per_batch > answered:  # a task twice in a batch would repeat sample uids
+            raise ValueError(f"--stored-answers: pipeline.tasks_per_batch={cfg.pipeline.tasks_per_batch} "
+                             f"but only {answered} tasks have a stored {cfg.reward.backend} answer")
         spec = functools.partial(_worker_env, cfg.reward, cfg.sandbox, eval_gpus, share, variants)
         spec.per_worker = True  # type: ignore[attr-defined]  # build_env passes the worker index
         return spec

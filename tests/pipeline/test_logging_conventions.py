@@ -148,6 +148,11 @@ def test_one_evaluations_p95_from_the_samples_timestamps():
     assert m["timing/eval_p95"] == pytest.approx(1.9)  # nearest rank: the 19th of 20
     assert logged_name("timing/eval_p95") == "timing_s/eval_p95"
     assert eval_latency_metrics(samples[-1:]) == {}
+    # kernel env: only what the sandbox ran is an evaluation, not an answer that failed to parse
+    samples[3].outcome = {"verdict": {"wall_s": {"total": 0.4}}}
+    samples[7].outcome = {"verdict": {"wall_s": {"total": 0.8}}}
+    samples[0].outcome = {"verdict": {"parse_error": "no fenced block"}}
+    assert eval_latency_metrics(samples)["timing/eval_p95"] == pytest.approx(0.8)
 
 
 def test_timeline_reads_the_logged_names(tmp_path, capsys):
