@@ -16,7 +16,8 @@
 # and the trainer share (resources=one_gpu; sampler 0.40 of its memory, trainer 0.45, the
 # evaluator's processes the rest). The workload (the 3 tasks with a stored cuda answer x 16
 # trajectories x 2 turns = 96 samples a batch, 512 response tokens: at this vocabulary every
-# response runs to the limit; 1 in 24 evaluations real, 4 a batch) is meant to put sync mode's generate+reward
+# response runs to the limit, so the overlong filter is off or nothing would be trained; 1 in 24
+# evaluations real, 4 a batch) is meant to put sync mode's generate+reward
 # and train phases within 1.5x of each other; the bench prints both and their ratio ("sync
 # phases:"). If the ratio misses, move SHARE (evaluator work), rollout.max_response_length
 # (generation) or rollout.n_trajectories (training grows with it, generation far less) by it.
@@ -37,7 +38,7 @@ timeout -k 15 "$LIMIT" python3 -m bench.pipeline --ks "$KS" --steps "$STEPS" --b
   resources.sampler.gpu_memory_fraction=0.4 resources.trainer.gpu_memory_fraction=0.45 \
   rollout.engine.vllm.max_model_len=8192 pipeline.tasks_per_batch=3 rollout.n_trajectories=16 \
   rollout.turns=2 rollout.max_prompt_length=4096 rollout.max_response_length=512 \
-  "rollout.response_length_schedule=[]" algorithm.drop_zero_adv_groups=false \
+  "rollout.response_length_schedule=[]" algorithm.drop_zero_adv_groups=false algorithm.overlong_filter=off \
   algorithm.micro_batch_tokens=16384 sandbox.cache_dir=/tmp/bench_pipeline_build_cache \
   sandbox.compile_workers=4 "$@" >"$out/pipeline_vllm_kernel.log" 2>&1
 rc=$?
