@@ -153,6 +153,13 @@ def compare(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _balance_line(c: dict[str, Any]) -> None:
+    if "sync_balance_ratio" in c:
+        print(f"sync phases: gen+reward {fmt(c['sync_gen_plus_reward_s'])} s, train "
+              f"{fmt(c['sync_train_s'])} s, ratio {fmt(c['sync_balance_ratio'])} "
+              f"({'balanced' if c['sync_balanced'] else 'NOT balanced'}: target <= 1.5)", flush=True)
+
+
 def _write(path: str | None, payload: dict[str, Any]) -> None:
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -225,13 +232,12 @@ def main() -> None:
                 if (run_dir / name).exists():
                     shutil.copy(run_dir / name, root / name.replace("timeline", f"timeline_k{k}"))
             progress("pipeline", rows[-1])
+            if k == 0:  # at once: a run cut short still shows whether the workload is balanced
+                _balance_line(compare(rows))
             _write(args.out, {"bench": "pipeline", "machine": machine(), "partial": True,
                               "rows": rows, **extra, **compare(rows), "history": histories})
     extra.update(compare(rows))
-    if "sync_balance_ratio" in extra:
-        print(f"sync phases: gen+reward {fmt(extra['sync_gen_plus_reward_s'])} s, train "
-              f"{fmt(extra['sync_train_s'])} s, ratio {fmt(extra['sync_balance_ratio'])} "
-              f"({'balanced' if extra['sync_balanced'] else 'NOT balanced'}: target <= 1.5)", flush=True)
+    _balance_line(extra)
     report("pipeline", args, rows, {**extra, "history": histories}, columns=COLUMNS)
 
 

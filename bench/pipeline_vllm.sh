@@ -43,6 +43,7 @@ timeout -k 15 "$LIMIT" python3 -m bench.pipeline --ks "$KS" --steps "$STEPS" --b
   sandbox.compile_workers=4 "$@" >"$out/pipeline_vllm_kernel.log" 2>&1
 rc=$?
 echo "bench.pipeline rc=$rc"
-grep -E "^\[bench.pipeline\]|Error|error:" "$out/pipeline_vllm_kernel.log" | cut -c1-400 | tail -n 20
-sed -n '/^sync phases/,$p' "$out/pipeline_vllm_kernel.log" | cut -c1-700
+grep -E "Error|error:|Traceback" "$out/pipeline_vllm_kernel.log" | cut -c1-300 | tail -n 12
+grep -E "^\[bench.pipeline\]|^sync phases|^\[step " "$out/pipeline_vllm_kernel.log" | cut -c1-600 | tail -n 30
+sed -n '/^## bench.pipeline/,$p' "$out/pipeline_vllm_kernel.log" | cut -c1-700
 exit $rc
