@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# bench.pipeline on one H200 with the vLLM engine and the kernel env (cuda backend): k = 0, 1, 2
-# side by side (k = 2 only when the time budget leaves room for it), one device call:
+# bench.pipeline on one H200 with the vLLM engine and the kernel env (cuda backend): sync (k = 0)
+# and one_off (k = 1) side by side in one device call (< 8 min):
 #
 #   bash .devpkgs/install.sh && bash bench/pipeline_vllm.sh [extra Hydra overrides]
+#
+# and k = 2 against its own k = 0 in a second call: KS=0,2 bash bench/pipeline_vllm.sh. (Three
+# sessions do not fit one call: each starts Ray, vLLM (~50 s cold, ~25 s with the compile cache)
+# and the trainer, and k = 0's first step also builds the three answers.)
 #
 # Needs the vLLM 0.24 bundle installed at /tmp/vsite (../shared/tools/DEVICE-VLLM.md) and
 # .devpkgs at /tmp/site. Writes under $OUT: pipeline_vllm_kernel.json (rewritten after each k),
@@ -27,7 +31,7 @@ mkdir -p "$out"
 export PYTHONPATH=/tmp/site:/tmp/vsite:$PWD PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 \
        TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
        RAY_DEDUP_LOGS=0 WANDB_MODE=disabled
-KS=${KS:-0,1,2} STEPS=${STEPS:-6} SHARE=${SHARE:-0.0417} BUDGET=${BUDGET:-380} LIMIT=${LIMIT:-440}
+KS=${KS:-0,1} STEPS=${STEPS:-6} SHARE=${SHARE:-0.0417} BUDGET=${BUDGET:-0} LIMIT=${LIMIT:-440}
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv >"$out/gpu.txt" 2>&1
 timeout -k 15 "$LIMIT" python3 -m bench.pipeline --ks "$KS" --steps "$STEPS" --budget-s "$BUDGET" \
   --stored-answers --answer-share "$SHARE" --run-root "$out/runs" --out "$out/pipeline_vllm_kernel.json" -- \
