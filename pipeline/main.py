@@ -114,7 +114,7 @@ class Session:
         from pipeline.trainer import TrainerGroup
         from pipeline.weight_sync import WeightSync, choose_transport
 
-        env_vars = {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+        env_vars = actor_env_vars(cfg.pipeline.progress)
         import ray
 
         if init_ray(cfg.resources, runtime_env={"env_vars": env_vars}):
@@ -188,6 +188,16 @@ def perf_context(cfg: Any, trainer_info: dict[str, Any] | None, colocated: bool)
     pools = max(r.sampler.gpus, r.trainer.gpus) if colocated else r.sampler.gpus + r.trainer.gpus
     return {"gpus": pools + r.evaluator.gpus, "trainer_gpus": r.trainer.gpus,
             "params": info.get("params"), "peak_flops": peak_flops(info.get("device_name"))}
+
+
+def actor_env_vars(progress: bool) -> dict[str, str]:
+    """Environment of every Ray actor. Without progress bars, Hugging Face's own bars in the actors
+    (the trainer's ``save_pretrained`` "Writing model shards") are off too: in a log file each is a
+    line of carriage returns."""
+    env = {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    if not progress:
+        env["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    return env
 
 
 def quiet_progress(conf: Any) -> None:

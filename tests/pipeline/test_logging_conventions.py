@@ -172,6 +172,22 @@ def test_progress_bars_only_on_a_terminal(capsys):
     assert conf.pipeline.progress is False and "progress bars off" in capsys.readouterr().err
 
 
+def test_hugging_face_bars_are_off_in_the_actors_without_progress():
+    """The trainer actor's save_pretrained drew "Writing model shards" bars into a log file."""
+    import os
+    import subprocess
+
+    from pipeline.main import actor_env_vars
+
+    assert "HF_HUB_DISABLE_PROGRESS_BARS" not in actor_env_vars(progress=True)
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
+    probe = [sys.executable, "-c", "from transformers.utils import logging; print(logging.is_progress_bar_enabled())"]
+    on = subprocess.run(probe, env=env, capture_output=True, text=True, timeout=120)
+    off = subprocess.run(probe, env={**env, **actor_env_vars(progress=False)}, capture_output=True,
+                         text=True, timeout=120)
+    assert (on.stdout.strip(), off.stdout.strip()) == ("True", "False")
+
+
 def test_perf_context_counts_shared_gpus_once():
     from pipeline.main import perf_context
 
