@@ -22,7 +22,7 @@ cut short keeps what it finished.
 never run). Any Hydra override after ``--`` is applied to every run, e.g.
 
     python -m bench.pipeline --steps 6 -- +experiment=toy toy.delay_s=0.2
-    python -m bench.pipeline --ks 0,1 --stored-answers -- +experiment=kernel_multiturn resources=one_gpu rollout=vllm ...
+    python -m bench.pipeline --ks 0,1 --stored-answers -- +experiment=kernel_multiturn rollout=vllm ...  # bench/pipeline_vllm.sh
 """
 from __future__ import annotations
 
