@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 from omegaconf import MISSING
 
 from pipeline import checkpoint
-from pipeline.metrics import sandbox_metrics, score_metrics
+from pipeline.metrics import eval_latency_metrics, sandbox_metrics, score_metrics
 from pipeline.parts import CheckpointSettings, Logger, Samplers, Trainer, WeightPush
 from pipeline.sample import Sample
 from pipeline.staleness import (POLICIES, lag_metrics, over_bound, pending_by_step, resolve_staleness,
@@ -355,6 +355,7 @@ class Loop:
         t_gen = gen.wall if gen is not None else 0.0
         m["timing/gen"] = (gen.last_token - gen.t_start) if gen is not None else 0.0
         m["timing/reward_tail"] = gen.reward_tail if gen is not None else 0.0
+        m.update(eval_latency_metrics(gen.samples) if gen is not None else {})  # the same batch's
         m["timing/gen_total"] = t_gen
         m["timing/train"] = t_train
         m["timing/weight_sync"] = t_sync

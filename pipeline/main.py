@@ -86,9 +86,13 @@ class Session:
     """Everything one job builds; ``close`` tears it down in reverse order."""
 
     def __init__(self, cfg: Config, run_dir: Path, resolved: dict[str, Any],
-                 run_name: str | None = None, group: str | None = None) -> None:
+                 run_name: str | None = None, group: str | None = None,
+                 env_factory: Any = None) -> None:
+        """``env_factory(cfg, eval_gpus)``: the samplers' env spec in place of :func:`env_spec`
+        (bench/pipeline.py gives the kernel env stored answers to evaluate)."""
         self.closers: list[Any] = []
         self.run_name, self.group = run_name or str(cfg.name), group
+        self.env_factory = env_factory or env_spec
         try:
             self._build(cfg, run_dir, resolved)
         except BaseException:
@@ -112,7 +116,7 @@ class Session:
         from pipeline.trainer import TrainerGroup
         from pipeline.weight_sync import choose_transport, make_weight_sync
 
-        env_vars = {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+        env_vars = actor_env_vars(cfg.pipeline.progress)
         import ray
 
         if init_ray(cfg.resources, runtime_env={"env_vars": env_vars}):
@@ -133,7 +137,7 @@ class Session:
             print(f"[pipeline] resuming from {resume_dir} at step {state['step'] + 1}", file=sys.stderr)
         self.start_step = state.get("step", -1) + 1
 
-        samplers = SamplerPool(cfg.model, cfg.rollout, env_spec(cfg, evaluator_gpus(pools)),
+        samplers = SamplerPool(cfg.model, cfg.rollout, self.env_factory(cfg, evaluator_gpus(pools)),
                                pool=pools.sampler,
                                gpu_memory_fraction=cfg.resources.sampler.gpu_memory_fraction
                                if shared else None, env_vars=env_vars)
@@ -187,6 +191,16 @@ def perf_context(cfg: Any, trainer_info: dict[str, Any] | None, colocated: bool)
     pools = max(r.sampler.gpus, r.trainer.gpus) if colocated else r.sampler.gpus + r.trainer.gpus
     return {"gpus": pools + r.evaluator.gpus, "trainer_gpus": r.trainer.gpus,
             "params": info.get("params"), "peak_flops": peak_flops(info.get("device_name"))}
+
+
+def actor_env_vars(progress: bool) -> dict[str, str]:
+    """Environment of every Ray actor. Without progress bars, Hugging Face's own bars in the actors
+    (the trainer's ``save_pretrained`` "Writing model shards") are off too: in a log file each is a
+    line of carriage returns."""
+    env = {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    if not progress:
+        env["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    return env
 
 
 def quiet_progress(conf: Any) -> None:

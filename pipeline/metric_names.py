@@ -20,6 +20,11 @@ RENAMES: dict[str, str] = {
     "timing/weight_sync": "timing_s/update_weights",
     "timing/step": "timing_s/step",
     "timing/prologue_gen": "timing_s/prologue_gen",
+    "timing/eval_p50": "timing_s/eval_p50",        # one evaluation (last token -> score) of the batch
+    "timing/eval_p95": "timing_s/eval_p95",
+    "timing/eval_max": "timing_s/eval_max",
+    "mismatch/kl": "rollout_corr/kl",              # verl's KL(pi_rollout || pi_training), direct
+    "mismatch/k3_kl": "rollout_corr/k3_kl",        # verl's k3 estimator of the same
     "response/length_mean": "response_length/mean",
     "response/length_max": "response_length/max",
     "response/truncated_frac": "response_length/clip_ratio",

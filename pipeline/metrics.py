@@ -87,6 +87,21 @@ def sandbox_metrics(samples: list[Sample], wall_s: float) -> dict[str, float]:
     return out
 
 
+def eval_latency_metrics(samples: list[Sample]) -> dict[str, float]:
+    """Seconds of one evaluation (a sample's last token -> its score, ``env.evaluate`` with any wait
+    for a sandbox slot): p50, p95 (nearest rank) and max over the batch. ``timing/reward_tail`` is
+    compared with the p95: a tail above it means the step waited for more than one slow score.
+    With the kernel env only the samples the sandbox ran count (their verdict has its ``wall_s``):
+    an answer that fails to parse is scored in microseconds and is no evaluation."""
+    timed = [s for s in samples if s.t_gen_end and s.t_eval_end]
+    sandboxed = [s for s in timed if "wall_s" in ((s.outcome or {}).get("verdict") or {})]
+    xs = sorted(s.t_eval_end - s.t_gen_end for s in (sandboxed or timed))
+    if not xs:
+        return {}
+    p95 = xs[max(0, math.ceil(0.95 * len(xs)) - 1)]
+    return {"timing/eval_p50": statistics.median(xs), "timing/eval_p95": p95, "timing/eval_max": xs[-1]}
+
+
 def episode_rows(samples: list[Sample], k: int, decode: Any = None,
                  tail_chars: int = 400) -> list[list[Any]]:
     """A few episodes for the table: the best-scored samples, then the worst ones. Their text is

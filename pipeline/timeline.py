@@ -68,6 +68,13 @@ class Timeline:
                 total += max(0.0, min(a.end, b.end) - max(a.start, b.start))
         return total
 
+    def busy(self, lane: str, t0: float, t1: float) -> float:
+        """Share of [t0, t1] during which the lane had work (its spans' union, clipped)."""
+        if t1 <= t0:
+            return 0.0
+        clipped = [(max(s.start, t0), min(s.end, t1)) for s in self.spans if s.lane == lane]
+        return sum(b - a for a, b in merge_intervals(clipped)) / (t1 - t0)
+
     def to_jsonl(self, path: str | Path) -> None:
         with open(path, "w") as f:
             for s in self.spans:

@@ -1,6 +1,8 @@
 """The benchmarks' own arithmetic: what they report must mean what docs/performance.md says."""
 import math
+from types import SimpleNamespace
 
+import pytest
 import torch
 
 from bench.common import percentile, table
@@ -49,3 +51,72 @@ def test_packed_and_padded_layouts_give_the_same_loss():
                                                         ignore_index=-100, reduction="sum"))
         assert int((labels != -100).sum()) == sum(n - 1 for n in lens)
     assert torch.allclose(losses[0], losses[1], rtol=1e-5)
+
+
+def _history(k, steps=6, gen=1.0, train=1.0):
+    """A bench.pipeline history: for k > 0 the last k steps have nothing left to generate."""
+    out = []
+    for s in range(steps):
+        g = 0.0 if k and s >= steps - k else gen
+        step = (g + train) if k == 0 else max(g, train)
+        out.append({"step": s, "timing/step": step + 0.1 * (s % 2), "timing/gen": g * 0.8,
+                    "timing/reward_tail": g * 0.2, "timing/gen_total": g, "timing/train": train,
+                    "timing/weight_sync": 0.0, "timing/eval_p95": 0.4 if g else 0.0,
+                    "pipeline/policy_lag": float(min(s, k))})
+    return out
+
+
+def test_pipeline_bench_leaves_out_the_steps_with_nothing_to_generate():
+    from bench.pipeline import compare, steady_steps, summarise
+
+    h2 = _history(2)
+    assert [h["step"] for h in steady_steps(h2, 2)] == [1, 2, 3]  # 4 and 5 only train
+    assert [h["step"] for h in steady_steps(_history(0), 0)] == [1, 2, 3, 4]
+    rows = [summarise(k, _history(k), 1.0) for k in (0, 1, 2)]
+    assert [r["gen_plus_reward_s"] for r in rows] == [1.0, 1.0, 1.0]  # no gen-less step averaged in
+    assert rows[2]["step_s"] == pytest.approx((1.1 + 1.0 + 1.1) / 3)
+    assert rows[1]["tail_over_eval_p95"] == pytest.approx(0.2 / 0.4)
+    c = compare(rows)
+    assert c["sync_balance_ratio"] == pytest.approx(1.0) and c["sync_balanced"]
+    assert c["speedup_bound_one_off"] == pytest.approx(2.0)
+    assert c["speedup_k1_over_k0"] == pytest.approx(rows[0]["step_s"] / rows[1]["step_s"])
+    assert c["speedup_k1_share_of_bound"] == pytest.approx(c["speedup_k1_over_k0"] / 2.0)
+    assert c["speedup_k1_noise"] > 0 and c["bar_speedup_at_least_0.9_bound"] == "met"
+    assert c["bar_reward_tail_within_eval_p95"] == "met"
+
+
+def test_pipeline_bench_busy_shares_of_the_steady_window():
+    from bench.pipeline import busy_shares
+    from pipeline.timeline import Timeline
+
+    tl = Timeline()
+    for s in range(4):  # sync schedule: gen 1 s, train 1 s, push 0.5 s
+        t = 2.5 * s
+        tl.add("sampler", "gen", s, t, t + 1.0)
+        tl.add("trainer", "train", s, t + 1.0, t + 2.0)
+        tl.add("sync", "sync", s, t + 2.0, t + 2.5)
+    hist = [{"step": s} for s in range(4)]
+    busy = busy_shares(tl, hist, hist[1:3])  # window: end of push 0 (2.5) -> end of push 2 (7.5)
+    assert busy == {"busy_sampler": pytest.approx(0.4), "busy_reward": 0.0,
+                    "busy_trainer": pytest.approx(0.4), "busy_sync": pytest.approx(0.2)}
+
+
+def test_stored_answers_parse_pass_the_rules_and_keep_their_share():
+    from bench.stored_answers import StoredAnswerEnv, answer_text
+    from rewards.config import load_reward_config
+    from rewards.env import KernelEnv
+    from rewards.parse import parse_response
+    from rewards.solutions import available
+
+    for backend in ("cpu", "cuda"):
+        env = StoredAnswerEnv(KernelEnv(load_reward_config("kernel", backend=backend), eval_pool=None),
+                              share=0.25, variants=3)
+        ids = [r.task_id for r in env.tasks("train")]
+        assert ids and set(ids) <= set(available(backend)) and env.tasks("holdout") == env.tasks("train")
+        for task_id, code in env._code.items():
+            for variant in (0, 2):
+                parsed = parse_response(answer_text(code, variant))
+                assert parsed.ok and env.inner.check(parsed.code) == [], (backend, task_id)
+                assert (f"// bench variant {variant}" in parsed.code) == bool(variant)
+    assert [env.stored(c) for c in range(1, 9)] == [False, False, False, True] * 2
+    assert all(StoredAnswerEnv.stored(SimpleNamespace(share=1.0), c) for c in range(1, 5))

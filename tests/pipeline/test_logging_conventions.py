@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from pipeline.metric_names import logged_name, peak_flops, to_logged
-from pipeline.metrics import LoggerConfig, MetricsLogger, score_metrics
+from pipeline.metrics import LoggerConfig, MetricsLogger, eval_latency_metrics, score_metrics
 from pipeline.sample import Sample
 from pipeline.timeline import main as timeline_main, step_timings
 from pipeline.wandb_setup import has_stored_login, resolve_mode, sweep_names
@@ -117,6 +117,9 @@ def test_names_and_derived_perf_metrics():
     assert logged_name("timing/weight_sync") == "timing_s/update_weights"
     assert logged_name("reward/turn2_mean") == "critic/score/turn2_mean"
     assert logged_name("actor/pg_clipfrac") == "actor/pg_clipfrac"  # verl's already
+    # verl logs the sampler/trainer gap as rollout_corr/kl and rollout_corr/k3_kl (same estimators)
+    assert (logged_name("mismatch/kl"), logged_name("mismatch/k3_kl")) == ("rollout_corr/kl", "rollout_corr/k3_kl")
+    assert logged_name("mismatch/abs_logprob_diff_mean") == "mismatch/abs_logprob_diff_mean"  # no verl twin
     assert peak_flops("NVIDIA H200") == 989e12 and peak_flops(None) is None
     m = to_logged({"actor/tokens": 1000.0, "actor/rank_time_s": 2.0},
                   {"params": 1e9, "peak_flops": 1e15, "trainer_gpus": 2})
@@ -131,6 +134,25 @@ def test_prompt_and_response_length_statistics():
     m = score_metrics(samples)
     assert (m["prompt_length/mean"], m["prompt_length/max"], m["prompt_length/min"]) == (3.0, 4.0, 2.0)
     assert m["response_length/min"] == 1.0 and m["score/min"] == 0.0
+
+
+def test_one_evaluations_p95_from_the_samples_timestamps():
+    samples = [Sample(uid=f"0/t/{i}/0", step=0, task_id="t", traj=i, turn=0, prompt_ids=[1],
+                      response_ids=[2], logprobs=[], finish_reason="stop", score=0.0, policy_version=0,
+                      t_gen_end=100.0 + i, t_eval_end=100.0 + i + 0.1 * (i + 1)) for i in range(20)]
+    samples.append(Sample(uid="0/t/20/0", step=0, task_id="t", traj=20, turn=0, prompt_ids=[1],
+                          response_ids=[2], logprobs=[], finish_reason="error", score=0.0,
+                          policy_version=0))  # a failed generation has no evaluation
+    m = eval_latency_metrics(samples)
+    assert m["timing/eval_p50"] == pytest.approx(1.05) and m["timing/eval_max"] == pytest.approx(2.0)
+    assert m["timing/eval_p95"] == pytest.approx(1.9)  # nearest rank: the 19th of 20
+    assert logged_name("timing/eval_p95") == "timing_s/eval_p95"
+    assert eval_latency_metrics(samples[-1:]) == {}
+    # kernel env: only what the sandbox ran is an evaluation, not an answer that failed to parse
+    samples[3].outcome = {"verdict": {"wall_s": {"total": 0.4}}}
+    samples[7].outcome = {"verdict": {"wall_s": {"total": 0.8}}}
+    samples[0].outcome = {"verdict": {"parse_error": "no fenced block"}}
+    assert eval_latency_metrics(samples)["timing/eval_p95"] == pytest.approx(0.8)
 
 
 def test_timeline_reads_the_logged_names(tmp_path, capsys):
@@ -148,6 +170,22 @@ def test_progress_bars_only_on_a_terminal(capsys):
     conf = OmegaConf.create({"pipeline": {"progress": True}})
     quiet_progress(conf)  # pytest's captured stderr is no terminal, as a log file is not
     assert conf.pipeline.progress is False and "progress bars off" in capsys.readouterr().err
+
+
+def test_hugging_face_bars_are_off_in_the_actors_without_progress():
+    """The trainer actor's save_pretrained drew "Writing model shards" bars into a log file."""
+    import os
+    import subprocess
+
+    from pipeline.main import actor_env_vars
+
+    assert "HF_HUB_DISABLE_PROGRESS_BARS" not in actor_env_vars(progress=True)
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
+    probe = [sys.executable, "-c", "from transformers.utils import logging; print(logging.is_progress_bar_enabled())"]
+    on = subprocess.run(probe, env=env, capture_output=True, text=True, timeout=120)
+    off = subprocess.run(probe, env={**env, **actor_env_vars(progress=False)}, capture_output=True,
+                         text=True, timeout=120)
+    assert (on.stdout.strip(), off.stdout.strip()) == ("True", "False")
 
 
 def test_perf_context_counts_shared_gpus_once():

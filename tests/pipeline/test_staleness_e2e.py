@@ -24,7 +24,7 @@ def test_two_versions_ahead_through_the_pipeline(ray_local, tmp_path):
         hist = [m[f"pipeline/policy_lag_hist/{v}"] for v in ("0", "1", "2", "gt2")]
         assert sum(hist) == pytest.approx(1.0) and hist[3] == 0.0
         assert m["staleness/dropped_samples"] == 0.0
-        assert m["mismatch/k3_kl"] >= 0.0 and m["mismatch/abs_logprob_diff_max"] >= 0.0
+        assert m["rollout_corr/k3_kl"] >= 0.0 and "rollout_corr/kl" in m and m["mismatch/abs_logprob_diff_max"] >= 0.0
     # step 0 trains with the samplers' own weights: only numerics separate their log-probs
     assert lines[0]["pipeline/policy_lag"] == 0.0
     assert lines[0]["mismatch/abs_logprob_diff_mean"] < 1e-3

@@ -29,6 +29,11 @@ def test_overlap_and_image(tmp_path):
     assert Timeline.from_jsonl(tmp_path / "t.jsonl").overlap("train", 0, "gen", 1) == pytest.approx(2.0)
     with pytest.raises(ValueError, match="lane"):
         tl.add("gpu", "x", 0, 0, 1)
+    # busy shares of a window [11, 15]: spans clipped to it, a lane's overlapping spans counted once
+    assert tl.busy("trainer", 11.0, 15.0) == pytest.approx(3.0 / 4)
+    assert tl.busy("sampler", 11.0, 15.0) == pytest.approx(2.0 / 4)
+    assert tl.busy("reward", 11.0, 15.0) == pytest.approx((1.5 + 0.2) / 4)
+    assert tl.busy("sync", 15.0, 15.0) == 0.0
 
 
 def test_merge_intervals():

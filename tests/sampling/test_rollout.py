@@ -190,3 +190,30 @@ def test_response_length_schedule():
     assert max_response_length(cfg) == 22528
     with pytest.raises(ValueError, match="response_length_schedule"):
         response_length_at(rollout_cfg(response_length_schedule=[[30, 8], [0, 16]]), 0)
+
+
+async def test_a_push_mid_episode_lands_between_turns_and_each_turn_records_its_version(engine, tiny):
+    """pipeline.partial_rollout=true on the HF engine (issue 18 item 2, "wait for the turn to end"):
+    weights loaded while episodes run reach the engine under its batch lock, so no turn mixes two
+    versions, and a trajectory's later turns report the newer one."""
+    _, model, tok = tiny
+    env = ToyEnv(n_tasks=2)
+    cfg = rollout_cfg(n_trajectories=3, turns=3)
+    weights = [(n, p.detach().clone()) for n, p in model.named_parameters()]
+    seen = []
+
+    async def push_after_first_turns():
+        while not any(s.turn == 0 for s in seen):
+            await asyncio.sleep(0.001)
+        await asyncio.to_thread(engine.load_weights, weights, 1)  # same values, new version
+
+    pusher = asyncio.create_task(push_after_first_turns())
+    await run_episodes(engine, tok, env, env.tasks("train"), step=0, version=0, cfg=cfg,
+                       on_sample=seen.append)
+    await pusher
+    assert {s.policy_version for s in seen} == {0, 1}
+    for task_id, traj in {(s.task_id, s.traj) for s in seen}:
+        versions = [s.policy_version for s in sorted(seen, key=lambda x: x.turn)
+                    if (s.task_id, s.traj) == (task_id, traj)]
+        assert versions == sorted(versions)  # never back to an older version
+    assert any(s.policy_version == 1 for s in seen if s.turn == 2)

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# bench.pipeline on one H200 with the vLLM engine and the kernel env (cuda backend): sync (k = 0)
+# and one_off (k = 1) side by side in one device call (< 8 min):
+#
+#   bash .devpkgs/install.sh && bash bench/pipeline_vllm.sh [extra Hydra overrides]
+#
+# and k = 2 against its own k = 0 in a second call: KS=0,2 bash bench/pipeline_vllm.sh. (Three
+# sessions do not fit one call: each starts Ray, vLLM (~50 s cold, ~25 s with the compile cache)
+# and the trainer, and k = 0's first step also builds the three answers.)
+#
+# Needs the vLLM 0.24 bundle installed at /tmp/vsite (../shared/tools/DEVICE-VLLM.md) and
+# .devpkgs at /tmp/site. Writes under $OUT: pipeline_vllm_kernel.json (rewritten after each k),
+# pipeline_vllm_kernel.log, runs/timeline_k<k>.png (+ .jsonl) and each run dir's metrics.jsonl.
+#
+# The model is a random-initialised Qwen2 of Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14/2
+# heads, vocabulary 151,936, tied embeddings; the tiny tokenizer): the SFT warm start does not
+# exist yet. A random model's answers never parse, so the kernel env scores a stored correct answer
+# (rewards/solutions/cuda) for SHARE of the evaluations (bench/stored_answers.py); the sandbox
+# compiles (once per answer: one shared build cache), checks and times them on the GPU that vLLM
+# and the trainer share (resources=one_gpu; sampler 0.40 of its memory, trainer 0.45, the
+# evaluator's processes the rest). The workload (the 3 tasks with a stored cuda answer x 16
+# trajectories x 2 turns = 96 samples a batch, 512 response tokens: at this vocabulary every
+# response runs to the limit, so the overlong filter is off or nothing would be trained; 1 in 24
+# evaluations real, 4 a batch) is meant to put sync mode's generate+reward
+# and train phases within 1.5x of each other; the bench prints both and their ratio ("sync
+# phases:"). If the ratio misses, move SHARE (evaluator work), rollout.max_response_length
+# (generation) or rollout.n_trajectories (training grows with it, generation far less) by it.
+set -u
+out=${OUT:-/tmp/bench_out}
+mkdir -p "$out"
+export PYTHONPATH=/tmp/site:/tmp/vsite:$PWD PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 \
+       TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
+       RAY_DEDUP_LOGS=0 WANDB_MODE=disabled
+KS=${KS:-0,1} STEPS=${STEPS:-6} SHARE=${SHARE:-0.0417} BUDGET=${BUDGET:-0} LIMIT=${LIMIT:-440}
+nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv >"$out/gpu.txt" 2>&1
+timeout -k 15 "$LIMIT" python3 -m bench.pipeline --ks "$KS" --steps "$STEPS" --budget-s "$BUDGET" \
+  --stored-answers --answer-share "$SHARE" --run-root "$out/runs" --out "$out/pipeline_vllm_kernel.json" -- \
+  +experiment=kernel_multiturn resources=one_gpu rollout=vllm reward.backend=cuda reward.profile=cpu \
+  model.dtype=bfloat16 model.tiny.vocab_size=151936 model.tiny.hidden_size=896 \
+  model.tiny.intermediate_size=4864 model.tiny.num_hidden_layers=24 model.tiny.num_attention_heads=14 \
+  model.tiny.num_key_value_heads=2 model.tiny.tie_word_embeddings=true model.tiny.max_position_embeddings=8192 \
+  resources.sampler.gpu_memory_fraction=0.4 resources.trainer.gpu_memory_fraction=0.45 \
+  rollout.engine.vllm.max_model_len=8192 pipeline.tasks_per_batch=3 rollout.n_trajectories=16 \
+  rollout.turns=2 rollout.max_prompt_length=4096 rollout.max_response_length=512 \
+  "rollout.response_length_schedule=[]" algorithm.drop_zero_adv_groups=false algorithm.overlong_filter=off \
+  algorithm.micro_batch_tokens=16384 sandbox.cache_dir=/tmp/bench_pipeline_build_cache \
+  sandbox.compile_workers=4 "$@" >"$out/pipeline_vllm_kernel.log" 2>&1
+rc=$?
+echo "bench.pipeline rc=$rc"
+grep -E "Error|error:|Traceback" "$out/pipeline_vllm_kernel.log" | cut -c1-300 | tail -n 12
+grep -E "^\[bench.pipeline\]|^sync phases|^\[step " "$out/pipeline_vllm_kernel.log" | cut -c1-600 | tail -n 30
+sed -n '/^## bench.pipeline/,$p' "$out/pipeline_vllm_kernel.log" | cut -c1-700
+exit $rc
