@@ -105,13 +105,13 @@ vllm)  # issue 17: the engine's tests and the push into it (JSON of each push's 
   # the sampler against bare vLLM on the same prompts, and HF beside it (smaller: ~0.6k tokens/s)
   # its own process: an in-process vLLM engine has taken torch.distributed's default group
   step gpu_sync_test 40 $py -m pytest -q -s -rA tests/pipeline/test_gpu_weight_sync.py
-  step vllm_tests 170 env OUT="$res" $py -m pytest -q -s -rA -m "vllm or gpu" tests/sampling/test_vllm_engine.py \
+  step vllm_tests 150 env OUT="$res" $py -m pytest -q -s -rA -m "vllm or gpu" tests/sampling/test_vllm_engine.py \
        tests/sampling/test_vllm_weight_push.py
-  step weight_sync_vllm 100 $py -m bench.weight_sync --preset qwen0.5b --engine vllm --transports cuda_ipc \
+  step weight_sync_vllm 80 $py -m bench.weight_sync --preset qwen0.5b --engine vllm --transports cuda_ipc \
        --pushes 6 --out "$res/weight_sync_vllm_h200.json"
-  step sampler_vllm 110 $py -m bench.sampler --engine vllm --preset qwen0.5b --dtype bfloat16 --tasks 4 \
+  step sampler_vllm 90 $py -m bench.sampler --engine vllm --preset qwen0.5b --dtype bfloat16 --tasks 4 \
        --trajectories 16 --max-tokens 256 --repeats 2 --gpu-memory-utilization 0.3 --out "$res/sampler_vllm_h200.json"
-  step sampler_hf 60 $py -m bench.sampler --engine hf --preset qwen0.5b --dtype bfloat16 --tasks 4 \
+  step sampler_hf 45 $py -m bench.sampler --engine hf --preset qwen0.5b --dtype bfloat16 --tasks 4 \
        --trajectories 16 --max-tokens 32 --repeats 2 --out "$res/sampler_hf_h200.json"
   ;;
 evals)  # 2026-12-03, after the device gate, the "min" header tier; sized for the ~330 s left that day
