@@ -111,8 +111,7 @@ vllm)  # issue 17: the engine's tests and the push into it (JSON of each push's 
        --pushes 6 --out "$res/weight_sync_vllm_h200.json"
   step sampler_vllm 90 $py -m bench.sampler --engine vllm --preset qwen0.5b --dtype bfloat16 --tasks 4 \
        --trajectories 16 --max-tokens 256 --repeats 2 --gpu-memory-utilization 0.3 --out "$res/sampler_vllm_h200.json"
-  step sampler_hf 45 $py -m bench.sampler --engine hf --preset qwen0.5b --dtype bfloat16 --tasks 4 \
-       --trajectories 16 --max-tokens 32 --repeats 2 --out "$res/sampler_hf_h200.json"
+  # (the HF fallback: part sampler; measured there at ~0.6k tokens/s)
   ;;
 evals)  # 2026-12-03, after the device gate, the "min" header tier; sized for the ~330 s left that day
   step sandbox 140 $py -m bench.sandbox --backend cuda --prime 2 --distinct 8 --max-concurrent 16 \
