@@ -11,9 +11,9 @@ CPU (the 2-core box, as tests/sandbox/test_redteam.py): the groups A, B, C in tu
 followed by the correct answer, the timing-bound ones alone and pinned to one core, the rest two at
 a time; ~3 min. A GPU backend: every answer in one queue, ``--parallel`` in flight (their workers
 start Python and CUDA while another step holds the GPU: the device gate gives the GPU to one run
-step at a time, so timings stay exclusive), answers with a build first; the correct answer follows
-only the answers whose verdict is judged against it (``--follow needed``), and one correct answer
-per task runs after all of them. ``--budget`` stops starting answers once that many seconds have
+step at a time, so timings stay exclusive), answers with a build first, the timing-bound ones last
+and ``--timing-alone`` at a time; the correct answer follows only the answers whose verdict is
+judged against it (``--follow needed``), and one correct answer per task runs after all of them. ``--budget`` stops starting answers once that many seconds have
 passed (those not started are listed as "not run"), so the JSON is written inside a call's limit.
 
 The answers are backend-agnostic Python; where a GPU's verdict is known to differ (an in-place write
@@ -127,8 +127,10 @@ class _Progress:
 async def _run(pool: Any, rt: Any, site: Any, names: list[str], args: Any, parallel: int, follow_each: bool,
                queue: bool, t0: float, progress: _Progress) -> dict[str, Any]:
     """Every answer of ``names``: an Outcome, an exception (the bench's, not the answer's) or None
-    (not started: past ``--budget``). ``queue``: all of them ``parallel`` at a time; otherwise the
-    timing-bound ones after the rest, alone, on one core (as the CPU tests run them)."""
+    (not started: past ``--budget``). ``queue``: the rest ``parallel`` at a time, then the
+    timing-bound ones ``--timing-alone`` at a time (their speedups are compared with a correct
+    answer's, so no neighbour's start-up should share their cores); otherwise the timing-bound
+    ones after the rest, alone, on one core (as the CPU tests run them)."""
     out: dict[str, Any] = {}
     gate = asyncio.Semaphore(parallel)
 
@@ -155,10 +157,14 @@ async def _run(pool: Any, rt: Any, site: Any, names: list[str], args: Any, paral
 
     # builds take longest: started first, so they overlap the rest
     order = sorted(names, key=lambda n: "load_inline" not in rt.ANSWERS[n].source)
-    if queue:
+    if queue and not args.timing_alone:
         await asyncio.gather(*(one(n) for n in order))
         return out
     await asyncio.gather(*(one(n) for n in order if not rt.solo(n)))
+    if queue:  # the timing-bound answers after the rest, few at a time: no neighbour shares their cores
+        gate = asyncio.Semaphore(args.timing_alone)
+        await asyncio.gather(*(one(n) for n in order if rt.solo(n)))
+        return out
     gate = asyncio.Semaphore(1)
     with rt.one_core(True):
         for name in order:
@@ -236,6 +242,9 @@ def arguments() -> Any:
     p.add_argument("--schedule", choices=("groups", "queue"), default=None,
                    help="groups A, B, C in turn with the timing-bound answers alone (cpu default), or every "
                         "answer in one queue (GPU default: the device gate keeps timings exclusive)")
+    p.add_argument("--timing-alone", type=int, default=2,
+                   help="queue schedule: the timing-bound answers run after the rest, this many at a time "
+                        "(0: in the queue with the rest)")
     p.add_argument("--compile-workers", type=int, default=2, help="the pool's compile_workers")
     p.add_argument("--budget", type=float, default=float("inf"),
                    help="seconds after which no answer is started (reported as not run)")
