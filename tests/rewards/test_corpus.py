@@ -147,11 +147,12 @@ def test_cpu_answer_gets_its_verdict(cpu_outcomes, answer):
 
 @pytest.mark.slow
 def test_cpu_slow_answers_are_slower_than_fast(cpu_outcomes):
+    """In process, slow is 7-190x slower than fast at cpu sizes (docs/rewards.md); the sandbox's
+    speedups must show it. Every task but one: timings on a busy 2-core box are noisy."""
     tasks = sorted({a.task_id for a in CPU_ANSWERS})
     ratios = {t: cpu_outcomes[(t, "fast")].speedup / cpu_outcomes[(t, "slow")].speedup for t in tasks}
     print({t: round(r, 2) for t, r in ratios.items()})
-    # timings on a shared 2-core box are noisy: most tasks, and the median clearly
-    assert sum(r > 1.0 for r in ratios.values()) >= len(ratios) - 2, ratios
+    assert sum(r > 1.0 for r in ratios.values()) >= len(ratios) - 1, ratios
     assert statistics.median(ratios.values()) > 1.5, ratios
 
 
