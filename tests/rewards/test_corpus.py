@@ -1,10 +1,11 @@
 """The answer corpus (rewards/corpus): its shape, its rules, and each answer's verdict in the real sandbox.
 
-The cpu verdicts come from KernelEnv + EvalPool (real g++ builds, cpu sizes), every cpu answer
-once, in one module-scoped evaluation that shares the session's compile cache. The precompiled
-headers for the corpus' flag sets are built first (one g++ run each, then every build of that
-set skips parsing torch/extension.h), and the "broken" answers stop at their first error.
-cuda and triton answers run on a GPU (``gpu`` mark); triton's also run in the interpreter here.
+Every answer's shape, rules and parser round trip are checked here. The sandbox verdicts cost a
+C++ build each (~18 CPU s with a precompiled header, ~36 without), so CI checks every variant of
+``CI_TASKS`` (three tasks on one flag set: one precompiled header serves their fast, wrong and
+broken builds) and ``CORPUS_ALL=1`` checks every task (48 cpu answers, ~1000 CPU s on the 2-core
+box: what the corpus was verified with). The triton answers run in the interpreter (no compiler;
+the same tasks), cuda and triton at full sizes on a GPU (``gpu`` mark: all tasks).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import ast
 import asyncio
 import os
 import statistics
+from collections import Counter
 
 import pytest
 
@@ -27,8 +29,10 @@ from sandbox.build import build_pch, pch_allowed
 from sandbox.config import load_default_config
 from sandbox.pool import EvalPool
 
-CPU_ANSWERS = corpus_answers("cpu")
-TRITON_ANSWERS = corpus_answers("triton")
+CI_TASKS = ("L1/18_gelu", "L1/20_tanh", "L2/9_scale_shift_tanh_residual")
+ALL = os.environ.get("CORPUS_ALL") == "1"
+CPU_ANSWERS = corpus_answers("cpu", None if ALL else CI_TASKS)
+TRITON_ANSWERS = corpus_answers("triton", None if ALL else CI_TASKS)
 
 
 def reply(answer: CorpusAnswer) -> str:
@@ -122,10 +126,11 @@ def test_missing_answers_are_named():
 
 @pytest.fixture(scope="module")
 def cpu_outcomes(kernel_cache_dir):
-    flag_sets = {tuple(extra_cflags(a.code)) for a in CPU_ANSWERS}
-    assert all(pch_allowed(list(f)) for f in flag_sets), flag_sets  # else a build pays for the full header
-    for flags in sorted(flag_sets):  # what the pool builds after two uses of a set, built before the first
-        build_pch(f"{kernel_cache_dir}/pch", list(flags))
+    uses = Counter(tuple(extra_cflags(a.code)) for a in CPU_ANSWERS)
+    assert all(pch_allowed(list(f)) for f in uses), uses  # else every build pays for the full header
+    for flags, n in sorted(uses.items()):
+        if n >= 4:  # a header (~60 CPU s) saves ~19 CPU s per build: what the pool builds after two uses,
+            build_pch(f"{kernel_cache_dir}/pch", list(flags))  # built before the first
     return evaluate_all("cpu", CPU_ANSWERS, cache_dir=kernel_cache_dir, precompiled_header=True, compile_workers=2)
 
 
@@ -142,10 +147,12 @@ def test_cpu_answer_gets_its_verdict(cpu_outcomes, answer):
 
 @pytest.mark.slow
 def test_cpu_slow_answers_are_slower_than_fast(cpu_outcomes):
-    ratios = {t: cpu_outcomes[(t, "fast")].speedup / cpu_outcomes[(t, "slow")].speedup for t in corpus_tasks("cpu")}
+    """In process, slow is 7-190x slower than fast at cpu sizes (docs/rewards.md); the sandbox's
+    speedups must show it. Every task but one: timings on a busy 2-core box are noisy."""
+    tasks = sorted({a.task_id for a in CPU_ANSWERS})
+    ratios = {t: cpu_outcomes[(t, "fast")].speedup / cpu_outcomes[(t, "slow")].speedup for t in tasks}
     print({t: round(r, 2) for t, r in ratios.items()})
-    # timings on a shared 2-core box are noisy: most tasks, and the median clearly
-    assert sum(r > 1.0 for r in ratios.values()) >= len(ratios) - 2, ratios
+    assert sum(r > 1.0 for r in ratios.values()) >= len(ratios) - 1, ratios
     assert statistics.median(ratios.values()) > 1.5, ratios
 
 

@@ -6,6 +6,7 @@ namespace, so the headers are parsed once (one cold compile for the whole direct
 built as the sandbox first builds a .cu: torch/extension.h resolves to its narrow header.
 """
 import ast
+import os
 import re
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 
 from rewards.corpus import corpus_answers
 from sandbox.build import write_narrow_header
+from tests.rewards.test_corpus import CI_TASKS
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +45,10 @@ def one_translation_unit(sources: dict[str, str]) -> str:
 def test_cuda_answers_compile_with_nvcc(tmp_path: Path):
     from torch.utils.cpp_extension import include_paths
 
-    answers = [a for a in corpus_answers("cuda") if a.expected != "compile_error"]
+    # CI: the tasks test_corpus checks in the sandbox (each kernel adds device-compile time);
+    # CORPUS_ALL=1: every cuda answer (36 kernels: 452 s wall on the loaded 2-core box, 2026-12-04)
+    tasks = None if os.environ.get("CORPUS_ALL") == "1" else CI_TASKS
+    answers = [a for a in corpus_answers("cuda", tasks) if a.expected != "compile_error"]
     assert len(answers) >= 3
     unit = one_translation_unit({f"{a.task_id} {a.variant}": cuda_source(a.code) for a in answers})
     assert unit.count("__global__") >= len(answers)

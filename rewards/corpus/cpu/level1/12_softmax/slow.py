@@ -1,4 +1,4 @@
-"""Row-wise softmax, scalar loops: max / exp-sum / scale in three sweeps of each row."""
+"""Row-wise softmax, element by element through tensor accessors: max, exp-sum, scale."""
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
@@ -13,18 +13,14 @@ torch::Tensor softmax_rows(torch::Tensor x) {
     TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kFloat,
                 "x must be a contiguous 2-D float32 tensor");
     auto out = torch::empty_like(x);
-    const int64_t rows = x.size(0), cols = x.size(1);
-    const float* in = x.data_ptr<float>();
-    float* o = out.data_ptr<float>();
-    for (int64_t r = 0; r < rows; ++r) {
-        const float* row = in + r * cols;
-        float* orow = o + r * cols;
+    auto in = x.accessor<float, 2>();
+    auto o = out.accessor<float, 2>();
+    for (int64_t r = 0; r < x.size(0); ++r) {
         float m = -std::numeric_limits<float>::infinity();
-        for (int64_t c = 0; c < cols; ++c) m = std::max(m, row[c]);
+        for (int64_t c = 0; c < x.size(1); ++c) m = std::max(m, in[r][c]);
         float s = 0.f;
-        for (int64_t c = 0; c < cols; ++c) { orow[c] = std::exp(row[c] - m); s += orow[c]; }
-        const float inv = 1.f / s;
-        for (int64_t c = 0; c < cols; ++c) orow[c] *= inv;
+        for (int64_t c = 0; c < x.size(1); ++c) { o[r][c] = std::exp(in[r][c] - m); s += o[r][c]; }
+        for (int64_t c = 0; c < x.size(1); ++c) o[r][c] /= s;
     }
     return out;
 }

@@ -1,4 +1,4 @@
-"""Row-wise log-softmax: max, then log of the exp-sum, then subtract; scalar loops."""
+"""Row-wise log-softmax, element by element through tensor accessors."""
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
@@ -9,17 +9,15 @@ CPP_SRC = r"""
 
 torch::Tensor log_softmax_rows(torch::Tensor x) {
     auto out = torch::empty_like(x);
-    const int64_t rows = x.size(0), cols = x.size(1);
-    const float* in = x.data_ptr<float>();
-    float* o = out.data_ptr<float>();
-    for (int64_t r = 0; r < rows; ++r) {
-        const float* row = in + r * cols;
-        float m = row[0];
-        for (int64_t c = 1; c < cols; ++c) m = std::max(m, row[c]);
+    auto in = x.accessor<float, 2>();
+    auto o = out.accessor<float, 2>();
+    for (int64_t r = 0; r < x.size(0); ++r) {
+        float m = in[r][0];
+        for (int64_t c = 1; c < x.size(1); ++c) m = std::max(m, in[r][c]);
         float s = 0.f;
-        for (int64_t c = 0; c < cols; ++c) s += std::exp(row[c] - m);
+        for (int64_t c = 0; c < x.size(1); ++c) s += std::exp(in[r][c] - m);
         const float lse = m + std::log(s);
-        for (int64_t c = 0; c < cols; ++c) o[r * cols + c] = row[c] - lse;
+        for (int64_t c = 0; c < x.size(1); ++c) o[r][c] = in[r][c] - lse;
     }
     return out;
 }

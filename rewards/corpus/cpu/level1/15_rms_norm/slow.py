@@ -1,4 +1,4 @@
-"""RMSNorm: the sum of squares and the scaling of a row in two scalar sweeps."""
+"""RMSNorm, element by element through tensor accessors."""
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
@@ -9,16 +9,14 @@ CPP_SRC = r"""
 
 torch::Tensor rms_norm_rows(torch::Tensor x, torch::Tensor weight, double eps) {
     auto out = torch::empty_like(x);
-    const int64_t rows = x.size(0), cols = x.size(1);
-    const float* in = x.data_ptr<float>();
-    const float* w = weight.data_ptr<float>();
-    float* o = out.data_ptr<float>();
-    for (int64_t r = 0; r < rows; ++r) {
-        const float* row = in + r * cols;
+    auto in = x.accessor<float, 2>();
+    auto w = weight.accessor<float, 1>();
+    auto o = out.accessor<float, 2>();
+    for (int64_t r = 0; r < x.size(0); ++r) {
         float ss = 0.f;
-        for (int64_t c = 0; c < cols; ++c) ss += row[c] * row[c];
-        const float inv = 1.f / std::sqrt(ss / cols + static_cast<float>(eps));
-        for (int64_t c = 0; c < cols; ++c) o[r * cols + c] = row[c] * inv * w[c];
+        for (int64_t c = 0; c < x.size(1); ++c) ss += in[r][c] * in[r][c];
+        const float inv = 1.f / std::sqrt(ss / x.size(1) + static_cast<float>(eps));
+        for (int64_t c = 0; c < x.size(1); ++c) o[r][c] = in[r][c] * inv * w[c];
     }
     return out;
 }

@@ -15,7 +15,7 @@ torch::Tensor sigmoid_forward(torch::Tensor x) {
     #pragma omp parallel for simd if (n > (1 << 16))
     for (int64_t i = 0; i < n; ++i) {
         const float v = in[i];
-        out[i] = 1.f / (1.f + std::exp(-v));
+        o[i] = 1.f / (1.f + std::exp(-v);
     }
     return out;
 }

@@ -15,7 +15,7 @@ torch::Tensor hardswish_forward(torch::Tensor x) {
     #pragma omp parallel for simd if (n > (1 << 16))
     for (int64_t i = 0; i < n; ++i) {
         const float v = in[i];
-        o[i] = v * std::min(std::max(v + 3, 0.f), 6.f) / 6.f;
+        o[i] = v * std::min(std::max(v + 3.f, 0), 6.f) / 6.f;
     }
     return out;
 }

@@ -1,4 +1,4 @@
-"""gelu(x + bias) + residual as one scalar loop; the bias is read per column."""
+"""gelu(x + bias) + residual, element by element through tensor accessors."""
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
@@ -11,17 +11,15 @@ torch::Tensor bias_gelu_residual(torch::Tensor x, torch::Tensor bias, torch::Ten
     TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && residual.is_contiguous() && bias.is_contiguous(),
                 "contiguous 2-D inputs expected");
     auto out = torch::empty_like(x);
-    const int64_t rows = x.size(0), cols = x.size(1);
-    const float* xp = x.data_ptr<float>();
-    const float* bp = bias.data_ptr<float>();
-    const float* rp = residual.data_ptr<float>();
-    float* o = out.data_ptr<float>();
+    auto xa = x.accessor<float, 2>();
+    auto ba = bias.accessor<float, 1>();
+    auto ra = residual.accessor<float, 2>();
+    auto o = out.accessor<float, 2>();
     const float inv_sqrt2 = 0.70710678118654752f;
-    for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t c = 0; c < cols; ++c) {
-            const int64_t i = r * cols + c;
-            const float v = xp[i] + bp[c];
-            o[i] = 0.5f * v * (1.f + std::erf(v * inv_sqrt2)) + rp[i];
+    for (int64_t r = 0; r < x.size(0); ++r) {
+        for (int64_t c = 0; c < x.size(1); ++c) {
+            const float v = xa[r][c] + ba[c];
+            o[r][c] = 0.5f * v * (1.f + std::erf(v * inv_sqrt2)) + ra[r][c];
         }
     }
     return out;

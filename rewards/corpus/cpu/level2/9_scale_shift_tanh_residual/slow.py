@@ -1,4 +1,4 @@
-"""tanh(x * alpha + beta) * 0.5 + x as one scalar loop."""
+"""tanh(x * alpha + beta) * 0.5 + x, element by element through tensor accessors."""
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
@@ -10,13 +10,14 @@ CPP_SRC = r"""
 torch::Tensor scale_shift_tanh_residual(torch::Tensor x, double alpha, double beta) {
     TORCH_CHECK(x.is_contiguous() && x.scalar_type() == torch::kFloat, "x must be contiguous float32");
     auto out = torch::empty_like(x);
-    const float* in = x.data_ptr<float>();
-    float* o = out.data_ptr<float>();
+    auto in = x.accessor<float, 2>();
+    auto o = out.accessor<float, 2>();
     const float a = static_cast<float>(alpha), b = static_cast<float>(beta);
-    const int64_t n = x.numel();
-    for (int64_t i = 0; i < n; ++i) {
-        const float v = in[i];
-        o[i] = std::tanh(v * a + b) * 0.5f + v;
+    for (int64_t r = 0; r < x.size(0); ++r) {
+        for (int64_t c = 0; c < x.size(1); ++c) {
+            const float v = in[r][c];
+            o[r][c] = std::tanh(v * a + b) * 0.5f + v;
+        }
     }
     return out;
 }
