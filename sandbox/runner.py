@@ -29,6 +29,12 @@ def run(role: str, req: StepRequest, task: Any, sock: socket.socket, confined: l
             torch.empty(1, device=req.device)
         except Exception:  # noqa: BLE001 - the load that follows reports it
             pass
+    # The device-wide synchronise that ends every call, held here as a local of this frame before the
+    # answer is imported: an answer that rebinds sandbox.protocol.synchronize or torch.cuda.synchronize
+    # (red team A33: its reply came before its queued GPU work ended, and the judge's clock missed the
+    # work) cannot reach it; only rewriting this process's own reply code (a code object, a frame's
+    # locals through ctypes) could, and docs/sandbox.md lists that as open.
+    fence = _device_fence(req.device)
     chan.send({"ready": True, "isolation": confined})
     state: dict[str, Any] = {"inputs": {}, "held": [], "model": None}
     while True:
@@ -43,6 +49,13 @@ def run(role: str, req: StepRequest, task: Any, sock: socket.socket, confined: l
 
         try:
             reply, out_fds = _handle(role, req, task, op, msg, fds, state)
+            if op == "call":
+                try:
+                    fence()
+                except BaseException:
+                    for fd in out_fds:
+                        os.close(fd)
+                    raise
         except protocol.StepError as exc:
             reply, out_fds = {"ok": False, "kind": exc.kind, "error": exc.message, "stage": exc.stage}, []
         except BaseException as exc:  # noqa: BLE001 - SystemExit and the like from answer code too
@@ -53,6 +66,16 @@ def run(role: str, req: StepRequest, task: Any, sock: socket.socket, confined: l
         finally:
             for fd in out_fds:
                 os.close(fd)
+
+
+def _device_fence(device: str) -> Any:
+    """A callable that waits for every stream of this process's device (the C function itself, not a
+    name looked up at call time); a no-op on the CPU."""
+    if not device.startswith("cuda"):
+        return lambda: None
+    import torch
+
+    return getattr(torch._C, "_cuda_synchronize", None) or torch.cuda.synchronize
 
 
 def _stage(op: str) -> str:

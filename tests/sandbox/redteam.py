@@ -469,7 +469,7 @@ ANSWERS: dict[str, Answer] = {
         on={"cuda": ("runtime_error", None)}),
     "A20_modifies_its_input_in_place": _a(forward("return x.clamp_min_(0)"), "runtime_error", None,
                                           "computes in place in the input buffer (read-only mapping on CPU)",
-                                          on={"cuda": ("rule_violation", "input_modified")}),
+                                          on={"cuda": ("rule_violation", "output_aliases_input")}),
     "A21_writes_the_input_behind_the_mapping": _a(forward(
         "if self.todo and x.device.type == 'cpu':\n    self.todo = False\n    _input_attacks(x)\n    _holes()\n"
         "return x.clamp_min(0.0)", init="self.todo = True", prelude=INPUT_ATTACKS), "correct", None,
@@ -502,7 +502,9 @@ ANSWERS: dict[str, Answer] = {
     "A28_unsealed_output_written_later": _a(forward(
         "y = x.clamp_min(0)\nf = os.memfd_create('x')\nos.write(f, y.numpy().tobytes())\n"
         "_send({'ok': True, 'outputs': [_desc(y)]}, [f])\nos._exit(0)"),
-        "rule_violation", "forged_message", "an output memfd left writable (to change after the check)"),
+        "rule_violation", "forged_message", "an output memfd left writable (to change after the check)",
+        # on a GPU outputs cross by CUDA IPC: a memfd of a device tensor fails in the answer itself
+        on={"cuda": ("runtime_error", None)}),
     "A29_reads_the_reference_through_proc": _a(probe("""
         me = os.getpid()
         own = set(int(t) for t in os.listdir('/proc/self/task'))
@@ -683,7 +685,7 @@ ANSWERS: dict[str, Answer] = {
         "sends a whole verdict (correct, 100x, 0.001 ms) instead of a reply", group="C"),
     "C03_returns_its_input_modified_in_place": _a(forward("torch.relu_(x)\nreturn x"), "runtime_error", None,
                                                   "relu_ on its input and returns it", group="C",
-                                                  on={"cuda": ("rule_violation", "input_modified")}),
+                                                  on={"cuda": ("rule_violation", "output_aliases_input")}),
     "C04_privileges": _a(probe("""
         import socket as _s
         _try('sethostname', lambda: _s.sethostname('redteam'))
