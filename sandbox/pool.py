@@ -516,11 +516,8 @@ class EvalPool:
         build_dir = self.cache / "builds" / bkey
         build_dir.mkdir(parents=True, exist_ok=True)
         (workdir / "tmp").mkdir(parents=True, exist_ok=True)
-        # RLIMIT_AS stops CUDA (the driver reserves huge address ranges): host steps only. A compile
-        # step never starts CUDA (no GPU is given to it), so it keeps the limit on every backend (red
-        # team C08 raised an unset limit from a cuda compile step on the H200, 2026-12-04)
-        use_as = backend == "cpu" or mode == "compile" or (
-            backend == "triton" and req.get("device", "cpu") == "cpu" and mode != "probe")
+        # RLIMIT_AS stops CUDA (the driver reserves huge address ranges): host steps only
+        use_as = backend == "cpu" or (backend == "triton" and req.get("device", "cpu") == "cpu" and mode != "probe")
         step = StepRequest(
             **req, workdir=str(workdir), build_dir=str(build_dir),
             pch_root=str(self.cache / "pch") if cfg.precompiled_header else None,

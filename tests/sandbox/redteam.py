@@ -787,7 +787,8 @@ ANSWERS: dict[str, Answer] = {
         every = set(range(os.cpu_count() or 1))
         _try('compile_sched_setaffinity_all', lambda: os.sched_setaffinity(0, every) or sorted(os.sched_getaffinity(0)))
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        _try('compile_raise_rlimit_as', lambda: resource.setrlimit(resource.RLIMIT_AS, (hard, resource.RLIM_INFINITY)) or 'unlimited')
+        if hard != resource.RLIM_INFINITY:  # a GPU step has none (CUDA needs the address space): its memory is the pool's RSS watch
+            _try('compile_raise_rlimit_as', lambda: resource.setrlimit(resource.RLIMIT_AS, (hard, resource.RLIM_INFINITY)) or 'unlimited')
         def node():
             os.mknod('redteam-null', stat.S_IFCHR | 0o600, os.makedev(1, 3))
             os.unlink('redteam-null')
