@@ -135,6 +135,7 @@ def cpu_outcomes(kernel_cache_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the first one waits for the module's builds (~320 CPU s; 600 s was not enough at load 16)
 @pytest.mark.parametrize("answer", CPU_ANSWERS, ids=lambda a: f"{a.task_id}-{a.variant}")
 def test_cpu_answer_gets_its_verdict(cpu_outcomes, answer):
     outcome = cpu_outcomes[(answer.task_id, answer.variant)]
