@@ -67,7 +67,8 @@ def banner(cfg: DictConfig, profile: str) -> str:
             f"batch, {p.steps} steps, max response {r.max_response_length} tokens")
     if profile == "laptop":
         model = (f"tiny Qwen2 warm-started by {cfg.model.warm_start} (pipeline.sft, cached)"
-                 if cfg.model.warm_start and cfg.env == "kernel" else "tiny random Qwen2")
+                 if cfg.model.warm_start and cfg.env == "kernel" and cfg.model.path == "tiny"
+                 else "tiny random Qwen2" if cfg.model.path == "tiny" else f"model.path={cfg.model.path}")
         backend = cfg.reward.backend if cfg.env == "kernel" else "toy"
         return (f"[pipeline] laptop profile (no GPU visible and model.path=tiny): {model}, {cfg.env} "
                 f"env on the {backend} backend, {size}, {_schedule(p)}. On a cluster: model=local model.path=<HF dir> "

@@ -65,6 +65,17 @@ def load_model_and_tokenizer(model_cfg: Any) -> tuple[Any, Any]:
     return model, tokenizer
 
 
+def _generic_fast_tokenizer(path: str) -> bool:
+    """The directory's tokenizer says it is a plain ``tokenizers`` one (the tiny model's)."""
+    import json
+
+    cfg = os.path.join(path, "tokenizer_config.json")
+    if not (os.path.isfile(cfg) and os.path.isfile(os.path.join(path, "tokenizer.json"))):
+        return False
+    with open(cfg) as f:
+        return json.load(f).get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
 def load_tokenizer(model_cfg: Any) -> Any:
     """The tokenizer alone (a vLLM sampler loads the weights itself)."""
     if model_cfg.path == "tiny":
@@ -76,8 +87,17 @@ def load_tokenizer(model_cfg: Any) -> Any:
     path = os.path.expanduser(str(model_cfg.path))
     check_checkpoint_dir(path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True,
-                                                  trust_remote_code=bool(model_cfg.trust_remote_code))
+        if _generic_fast_tokenizer(path):
+            # transformers 5's AutoTokenizer maps a generic fast tokenizer in a qwen2 checkpoint to
+            # Qwen2Tokenizer, which rebuilds the pre-tokenizer from Qwen's own pattern instead of
+            # tokenizer.json's: the tiny model's saved tokenizer (a warm start, a run checkpoint)
+            # would then split text differently from the one it was trained with
+            from transformers import PreTrainedTokenizerFast
+
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True,
+                                                      trust_remote_code=bool(model_cfg.trust_remote_code))
     except Exception as e:
         raise ValueError(f"model.path={path!r}: the tokenizer does not load ({type(e).__name__}: "
                          f"{e}); expected tokenizer.json or tokenizer_config.json there") from e

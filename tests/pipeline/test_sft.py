@@ -126,3 +126,35 @@ def test_warm_start_command_and_cache_key_follow_the_run():
     key = cache_key(cfg, cmd)
     assert key == cache_key(cfg, list(cmd))  # deterministic
     assert key != cache_key(cfg, sft_overrides(cfg, "laptop", ["model.tiny.hidden_size=64"]))
+
+
+def test_evaluate_compare_table_and_model_dirs(tmp_path):
+    from pipeline.evaluate import model_dir_of, side_by_side
+
+    (tmp_path / "ckpt" / "model").mkdir(parents=True)
+    (tmp_path / "ckpt" / "model" / "config.json").write_text("{}")
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    assert model_dir_of(str(tmp_path / "ckpt"), "evaluate.checkpoint") == tmp_path / "ckpt" / "model"
+    assert model_dir_of(str(tmp_path / "hf"), "evaluate.compare") == tmp_path / "hf"
+    with pytest.raises(FileNotFoundError, match="evaluate.compare="):
+        model_dir_of(str(tmp_path / "nothing"), "evaluate.compare")
+    table = side_by_side(["warm", "rl"], [{"eval/avg_correct": 0.25, "eval/fast_1": 0.0},
+                                          {"eval/avg_correct": 0.75, "eval/fast_1": 0.5}], 8)
+    rows = {line[:16].strip(): line[16:].split() for line in table.splitlines()}
+    assert rows["correct rate"] == ["0.250", "0.750"] and rows["fast_1"] == ["0.000", "0.500"]
+    assert set(rows) >= {"mean score", "best@k correct", "best@k speedup"}
+
+
+def test_a_saved_tiny_tokenizer_splits_text_as_the_one_it_was_built_as(tmp_path):
+    """A warm start is saved and reloaded from an HF directory: its tokenizer must give the ids the
+    model was trained on (AutoTokenizer alone picks Qwen2Tokenizer there, which splits differently)."""
+    from pipeline.models.load import load_tokenizer
+    from pipeline.models.tiny import build_tiny_tokenizer, save_tiny_checkpoint
+
+    directory = save_tiny_checkpoint(str(tmp_path / "tiny"))
+    text = corpus_conversations("cpu")[0].response
+    built = build_tiny_tokenizer(512)
+    loaded = load_tokenizer(dataclasses.replace(group(ModelConfig, "model/tiny"), path=directory))
+    assert loaded(text, add_special_tokens=False)["input_ids"] == built(text, add_special_tokens=False)["input_ids"]
+    assert loaded.chat_template == built.chat_template and loaded.pad_token_id == built.pad_token_id
