@@ -13,8 +13,9 @@ from pipeline.main import run
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 # one task, so the budget fits CI: its four answers compile once (during the warm start)
-LAPTOP = ["+experiment=kernel_multiturn", "profile=laptop", "logger=console", "pipeline.progress=false",
-          "reward.task_ids=[L1/19_silu]", "pipeline.tasks_per_batch=1", "checkpoint.at_end=false"]
+LAPTOP = ["+experiment=kernel_multiturn", "model.warm_start=kernel_sft", "profile=laptop", "logger=console",
+          "pipeline.progress=false", "reward.task_ids=[L1/19_silu]", "pipeline.tasks_per_batch=1",
+          "checkpoint.at_end=false"]
 
 
 def config(*overrides: str):
