@@ -199,6 +199,7 @@ class SamplerPool:
         self.last_stats = BatchStats()
         self.restarts = 0
         self._last_weights: tuple[Any, int] | None = None  # replayable to a replacement worker
+        self._replacing: dict[int, asyncio.Lock] = {}
 
     def split(self, tasks: list[TaskRef]) -> list[list[TaskRef]]:
         parts: list[list[TaskRef]] = [[] for _ in self.workers]
@@ -250,7 +251,7 @@ class SamplerPool:
                             raise
                         print(f"[sampler] worker {i} lost during step {step} ({type(e).__name__}); "
                               "starting a replacement", file=sys.stderr, flush=True)
-                        worker = await self._replace(i)
+                        worker = await self._replace(i, worker)
             except Exception as e:
                 await queue.put(RuntimeError(f"sampler worker {i} failed during step {step}: "
                                              f"{type(e).__name__}: {e}"))
@@ -284,30 +285,45 @@ class SamplerPool:
         return [r["version"] for r in await self.receive_weights(payload, version)]
 
     async def receive_weights(self, payload: Any, version: int) -> list[dict[str, Any]]:
-        """Every worker loads ``payload``; one report each (``WeightReceiverMixin.receive_weights``)."""
-        from pipeline.weight_sync import ObjectStoreWeights
+        """Every worker loads ``payload``; one report each (``WeightReceiverMixin.receive_weights``).
+        A worker lost while it loads a replayable payload is replaced and handed it again."""
+        self._last_weights = (payload, version) if getattr(payload, "replayable", False) else None
+        return list(await asyncio.gather(*[self._receive_on(i, w, payload, version)
+                                           for i, w in enumerate(self.workers)]))
 
-        # object-store payloads can be handed again to a worker started later; the others cannot
-        self._last_weights = (payload, version) if isinstance(payload, ObjectStoreWeights) else None
-        return await self._all("receive_weights", payload, version)
+    async def _receive_on(self, i: int, worker: Any, payload: Any, version: int) -> dict[str, Any]:
+        try:
+            return await worker.receive_weights.remote(payload, version)
+        except Exception as e:
+            # a payload that is not replayable (a broadcast) cannot reach a new worker: the push fails
+            if not _actor_lost(e) or not getattr(payload, "replayable", False):
+                raise
+            print(f"[sampler] worker {i} lost while loading weights version {version} "
+                  f"({type(e).__name__}); starting a replacement", file=sys.stderr, flush=True)
+            worker = await self._replace(i, worker, replay=False)
+            return await worker.receive_weights.remote(payload, version)
 
-    async def _replace(self, i: int) -> Any:
+    async def _replace(self, i: int, dead: Any, replay: bool = True) -> Any:
         """A new actor in worker ``i``'s place (same bundle), with the newest weights when they can
-        be replayed; otherwise its samples carry the older ``policy_version`` they were made with."""
+        be replayed; otherwise its samples carry the older ``policy_version`` they were made with.
+        Once per lost actor: a push and a batch that both saw it die share one replacement."""
         import ray
 
-        try:
-            ray.kill(self.workers[i])
-        except Exception:
-            pass
-        opts, args = self._spawn_args[i]
-        worker = self._actor_cls.options(**opts).remote(*args)
-        await worker.ping.remote()
-        if self._last_weights is not None:
-            await worker.update_weights.remote(*self._last_weights)
-        self.workers[i] = worker
-        self.restarts += 1
-        return worker
+        async with self._replacing.setdefault(i, asyncio.Lock()):
+            if self.workers[i] is not dead:
+                return self.workers[i]
+            try:
+                ray.kill(dead)
+            except Exception:
+                pass
+            opts, args = self._spawn_args[i]
+            worker = self._actor_cls.options(**opts).remote(*args)
+            await worker.ping.remote()
+            if replay and self._last_weights is not None:
+                await worker.update_weights.remote(*self._last_weights)
+            self.workers[i] = worker
+            self.restarts += 1
+            return worker
 
     async def stats(self) -> list[dict[str, float]]:
         return await self._all("stats")
