@@ -47,18 +47,20 @@ class HeldWeights(ObjectStoreWeights):
 
 
 class HoldingEnv:
-    """ToyEnv whose first evaluation (in any worker) stops while it scores."""
+    """ToyEnv whose first evaluation (in any worker) after ``<dir>/armed`` appears stops while it
+    scores (waiting in ``<dir>/held``)."""
     per_worker = True
 
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
 
     def __call__(self, worker_index: int) -> ToyEnv:
         env = ToyEnv(n_tasks=4)
-        evaluate, marker = env.evaluate, self.marker
+        evaluate, folder = env.evaluate, self.folder
 
         async def held(task, response):
-            await asyncio.to_thread(_hold_once, marker)
+            if (folder / "armed").exists():
+                await asyncio.to_thread(_hold_once, str(folder / "held"))
             return await evaluate(task, response)
 
         env.evaluate = held
@@ -85,9 +87,15 @@ def weights(ray_local):
     return ObjectStoreWeights(1, [ray_local.put(named)], checksums(named))
 
 
-def _pool(env, n=2) -> SamplerPool:
-    return SamplerPool(load_model_config("tiny"), rollout_cfg(n_trajectories=TRAJ, turns=1), env,
-                       n_workers=n, num_cpus=1)
+@pytest.fixture(scope="module")
+def pool(ray_local, tmp_path_factory):
+    """Two workers for the three tests below, in order (a pool costs ~20 s to start here)."""
+    folder = tmp_path_factory.mktemp("hold")
+    pool = SamplerPool(load_model_config("tiny"), rollout_cfg(n_trajectories=TRAJ, turns=1),
+                       HoldingEnv(str(folder)), n_workers=2, num_cpus=1)
+    pool.hold_dir = folder
+    yield pool
+    pool.shutdown()
 
 
 def _assert_whole(samples, tasks) -> None:
@@ -97,57 +105,125 @@ def _assert_whole(samples, tasks) -> None:
     assert len({s.uid for s in samples}) == len(samples)
 
 
-async def test_sampler_killed_while_loading_a_push_is_replaced_and_loads_it(ray_local, weights, tmp_path):
-    pool = _pool({"_target_": "rewards.toy.ToyEnv", "n_tasks": 4})
-    try:
-        marker = tmp_path / "held"
-        pids = {p["pid"] for p in await pool.ping()}
-        push = asyncio.ensure_future(pool.receive_weights(HeldWeights(weights, str(marker)), 1))
-        killed = await _kill_when_held(marker)
-        reports = await asyncio.wait_for(push, 300)
-        assert killed in pids and pool.restarts == 1
-        # every worker, the replacement included, holds version 1 and its checksums match
-        assert [r["version"] for r in reports] == [1, 1]
-        assert all(r["checked"] > 0 and not r["problems"] for r in reports), reports
-        assert killed not in {p["pid"] for p in await pool.ping()}
-        assert [p["version"] for p in await pool.ping()] == [1, 1]
-        tasks = await pool.tasks("train")
-        samples = [s async for s in pool.generate(0, tasks, 1)]
-        _assert_whole(samples, tasks)
-    finally:
-        pool.shutdown()
-
-
-async def test_sampler_killed_while_scoring_is_replaced_at_the_current_weights(ray_local, weights, tmp_path):
+async def test_sampler_killed_while_loading_a_push_is_replaced_and_loads_it(pool, weights, tmp_path):
     marker = tmp_path / "held"
-    pool = _pool(HoldingEnv(str(marker)))
+    pids = {p["pid"] for p in await pool.ping()}
+    push = asyncio.ensure_future(pool.receive_weights(HeldWeights(weights, str(marker)), 1))
+    killed = await _kill_when_held(marker)
+    reports = await asyncio.wait_for(push, 300)
+    assert killed in pids and pool.restarts == 1
+    # every worker, the replacement included, holds version 1 and its checksums match
+    assert [r["version"] for r in reports] == [1, 1]
+    assert all(r["checked"] > 0 and not r["problems"] for r in reports), reports
+    after = await pool.ping()
+    assert killed not in {p["pid"] for p in after} and [p["version"] for p in after] == [1, 1]
+    tasks = await pool.tasks("train")
+    _assert_whole([s async for s in pool.generate(0, tasks, 1)], tasks)
+
+
+async def test_sampler_killed_while_scoring_is_replaced_at_the_current_weights(pool):
+    tasks = await pool.tasks("train")
+    (pool.hold_dir / "armed").touch()
     try:
-        await pool.receive_weights(weights, 1)
-        tasks = await pool.tasks("train")
-        gen = asyncio.ensure_future(_collect(pool.generate(0, tasks, 1)))
-        await _kill_when_held(marker)
+        gen = asyncio.ensure_future(_collect(pool.generate(1, tasks, 1)))
+        await _kill_when_held(pool.hold_dir / "held")
         samples = await asyncio.wait_for(gen, 300)
-        assert pool.restarts == 1
-        _assert_whole(samples, tasks)
-        assert any("replaced" in f for f in pool.last_stats.failures)
-        assert [p["version"] for p in await pool.ping()] == [1, 1]  # the replay reached it
     finally:
-        pool.shutdown()
+        (pool.hold_dir / "armed").unlink()
+    assert pool.restarts == 2
+    _assert_whole(samples, tasks)
+    assert any("replaced" in f for f in pool.last_stats.failures)
+    assert [p["version"] for p in await pool.ping()] == [1, 1]  # the replay reached it
 
 
-async def test_sampler_killed_between_steps_is_replaced_at_the_next_step(ray_local, weights):
-    pool = _pool({"_target_": "rewards.toy.ToyEnv", "n_tasks": 4})
-    try:
-        await pool.receive_weights(weights, 1)
-        tasks = await pool.tasks("train")
-        os.kill((await pool.ping())[1]["pid"], signal.SIGKILL)  # idle: no call is under way
-        samples = await asyncio.wait_for(_collect(pool.generate(0, tasks, 1)), 300)
-        _assert_whole(samples, tasks)
-        assert pool.restarts == 1
-        assert [p["version"] for p in await pool.ping()] == [1, 1]
-    finally:
-        pool.shutdown()
+async def test_sampler_killed_between_steps_is_replaced_at_the_next_step(pool):
+    tasks = await pool.tasks("train")
+    os.kill((await pool.ping())[1]["pid"], signal.SIGKILL)  # idle: no call is under way
+    samples = await asyncio.wait_for(_collect(pool.generate(2, tasks, 1)), 300)
+    _assert_whole(samples, tasks)
+    assert pool.restarts == 3
+    assert [p["version"] for p in await pool.ping()] == [1, 1]
 
 
 async def _collect(stream):
     return [s async for s in stream]
+
+
+# ---- the same on a GPU, by cuda_ipc -----------------------------------------------------------
+def _ipc_trainer(q_in, q_out):
+    """A one-rank FSDP2 trainer on the GPU: ("send", v) -> a cuda_ipc payload; ("step",) -> an
+    in-place change of every parameter (as the optimiser makes)."""
+    from pipeline.conf_files import load_group
+    from pipeline.trainer import TrainerConfig, TrainerWorker
+    from pipeline.trainer.worker import free_port
+
+    worker = TrainerWorker(0, 1, load_model_config("tiny", ["tiny.seed=1"]),
+                           load_group(TrainerConfig, "trainer", "fsdp2"), None, max_response_length=16,
+                           temperature=1.0, total_optim_steps=1, gpu_memory_fraction=0.3)
+    worker.init("127.0.0.1", free_port())
+    q_out.put("ready")
+    while (cmd := q_in.get()) is not None:
+        if cmd[0] == "send":
+            q_out.put(worker.cuda_ipc_send(cmd[1], True))
+        else:
+            with torch.no_grad():
+                for p in worker.model.parameters():
+                    p.to_local().mul_(0.5)
+            q_out.put("stepped")
+    worker.shutdown()
+
+
+@pytest.mark.gpu
+async def test_sampler_killed_while_loading_a_cuda_ipc_push_is_replaced_and_loads_it(tmp_path):
+    """Run alone (``-k cuda_ipc``): it starts a Ray that counts this machine's real GPUs."""
+    import dataclasses
+    import multiprocessing as mp
+
+    import ray
+
+    from pipeline.weight_sync import CudaIpcWeights
+
+    class HeldIpcWeights(CudaIpcWeights):
+        def __init__(self, inner, marker):
+            super().__init__(**{f.name: getattr(inner, f.name) for f in dataclasses.fields(inner)})
+            self.marker = marker
+
+        def tensors(self, receiver):
+            _hold_once(self.marker)
+            yield from super().tensors(receiver)
+
+    if ray.is_initialized():
+        pytest.skip("run this test alone (-k cuda_ipc): it needs a Ray of the machine's real GPUs")
+    ray.init(num_cpus=4, num_gpus=torch.cuda.device_count(), include_dashboard=False,
+             log_to_driver=False, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    ctx = mp.get_context("spawn")
+    q_in, q_out = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=_ipc_trainer, args=(q_in, q_out))
+    proc.start()
+    pool = None
+    try:
+        assert q_out.get(timeout=300) == "ready"
+        pool = SamplerPool(load_model_config("tiny"), rollout_cfg(n_trajectories=TRAJ, turns=1),
+                           {"_target_": "rewards.toy.ToyEnv", "n_tasks": 4}, n_workers=2, num_cpus=1,
+                           num_gpus=0.25)
+        q_in.put(("send", 1))
+        await pool.receive_weights(q_out.get(timeout=120), 1)  # both workers map the buffers
+        q_in.put(("step",))
+        assert q_out.get(timeout=120) == "stepped"
+        q_in.put(("send", 2))
+        marker = tmp_path / "held"
+        push = asyncio.ensure_future(pool.receive_weights(HeldIpcWeights(q_out.get(timeout=120),
+                                                                         str(marker)), 2))
+        await _kill_when_held(marker)
+        reports = await asyncio.wait_for(push, 300)
+        assert pool.restarts == 1 and [r["version"] for r in reports] == [2, 2]
+        assert not any(r["problems"] for r in reports), reports
+        tasks = await pool.tasks("train")
+        _assert_whole([s async for s in pool.generate(0, tasks, 2)], tasks)
+        print(f"cuda_ipc: replaced worker loaded version 2, reports {reports}")
+    finally:
+        if pool is not None:
+            pool.shutdown()
+        q_in.put(None)
+        proc.join(60)
+        ray.shutdown()
