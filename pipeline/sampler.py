@@ -161,6 +161,10 @@ class SamplerWorker(WeightReceiverMixin):
         gc.unfreeze()  # a worker built in the caller's process hands its objects back to the collector
 
 
+# how many times one worker may be lost (and replaced) within one call: a batch, a push, a start
+LOSSES_PER_CALL = 3
+
+
 def _actor_lost(e: BaseException) -> bool:
     from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
@@ -221,7 +225,7 @@ class SamplerPool:
             # samples are dropped (a trajectory never mixes two runs; no uid is delivered twice)
             delivered: set[tuple[str, int]] = set()
             try:
-                for attempt in range(2):
+                for attempt in range(LOSSES_PER_CALL + 1):
                     keep_out = set(delivered)
                     try:
                         stream = worker.generate.options(**backpressure).remote(step, part, version,
@@ -247,7 +251,7 @@ class SamplerPool:
                                     await queue.put(sample)
                         return
                     except Exception as e:
-                        if attempt or not _actor_lost(e):
+                        if attempt == LOSSES_PER_CALL or not _actor_lost(e):
                             raise
                         print(f"[sampler] worker {i} lost during step {step} ({type(e).__name__}); "
                               "starting a replacement", file=sys.stderr, flush=True)
@@ -292,38 +296,50 @@ class SamplerPool:
                                            for i, w in enumerate(self.workers)]))
 
     async def _receive_on(self, i: int, worker: Any, payload: Any, version: int) -> dict[str, Any]:
-        try:
-            return await worker.receive_weights.remote(payload, version)
-        except Exception as e:
-            # a payload that is not replayable (a broadcast) cannot reach a new worker: the push fails
-            if not _actor_lost(e) or not getattr(payload, "replayable", False):
-                raise
-            print(f"[sampler] worker {i} lost while loading weights version {version} "
-                  f"({type(e).__name__}); starting a replacement", file=sys.stderr, flush=True)
-            worker = await self._replace(i, worker, replay=False)
-            return await worker.receive_weights.remote(payload, version)
+        for attempt in range(LOSSES_PER_CALL + 1):
+            try:
+                return await worker.receive_weights.remote(payload, version)
+            except Exception as e:
+                # a payload that is not replayable (a broadcast) cannot reach a new worker: the push fails
+                if attempt == LOSSES_PER_CALL or not _actor_lost(e) or not getattr(payload, "replayable", False):
+                    raise
+                print(f"[sampler] worker {i} lost while loading weights version {version} "
+                      f"({type(e).__name__}); starting a replacement", file=sys.stderr, flush=True)
+                worker = await self._replace(i, worker, replay=False)
+        raise AssertionError("unreachable")
 
     async def _replace(self, i: int, dead: Any, replay: bool = True) -> Any:
         """A new actor in worker ``i``'s place (same bundle), with the newest weights when they can
         be replayed; otherwise its samples carry the older ``policy_version`` they were made with.
-        Once per lost actor: a push and a batch that both saw it die share one replacement."""
+        Once per lost actor: a push and a batch that both saw it die share one replacement. A
+        replacement lost while it starts is replaced in turn (``LOSSES_PER_CALL`` times)."""
         import ray
 
         async with self._replacing.setdefault(i, asyncio.Lock()):
             if self.workers[i] is not dead:
                 return self.workers[i]
-            try:
-                ray.kill(dead)
-            except Exception:
-                pass
-            opts, args = self._spawn_args[i]
-            worker = self._actor_cls.options(**opts).remote(*args)
-            await worker.ping.remote()
-            if replay and self._last_weights is not None:
-                await worker.update_weights.remote(*self._last_weights)
-            self.workers[i] = worker
-            self.restarts += 1
-            return worker
+            for attempt in range(LOSSES_PER_CALL + 1):
+                try:
+                    ray.kill(dead)
+                except Exception:
+                    pass
+                opts, args = self._spawn_args[i]
+                worker = self._actor_cls.options(**opts).remote(*args)
+                try:
+                    await worker.ping.remote()
+                    if replay and self._last_weights is not None:
+                        await worker.update_weights.remote(*self._last_weights)
+                except Exception as e:
+                    if attempt == LOSSES_PER_CALL or not _actor_lost(e):
+                        raise
+                    print(f"[sampler] the replacement of worker {i} was lost while starting "
+                          f"({type(e).__name__}); starting another", file=sys.stderr, flush=True)
+                    dead = worker
+                    continue
+                self.workers[i] = worker
+                self.restarts += 1
+                return worker
+        raise AssertionError("unreachable")
 
     async def stats(self) -> list[dict[str, float]]:
         return await self._all("stats")
