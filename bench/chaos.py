@@ -148,6 +148,9 @@ def main() -> None:
     p.add_argument("--timeout-s", type=float, default=900.0, help="per run, resumes included")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--parallel", type=int, default=1, help="runs at once (each its own Ray)")
+    p.add_argument("--step-s", type=float, default=0.0,
+                   help="seconds per step to draw the moments over (0: the unfaulted runs' own, "
+                        "measured first; > 0: unfaulted and faulted runs all at once)")
     p.add_argument("--run-root", default="/tmp/chaos_runs")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after --)")
     args = p.parse_args()
@@ -159,30 +162,38 @@ def main() -> None:
     root.mkdir(parents=True)
     from concurrent.futures import ThreadPoolExecutor
 
-    def batch(prefix: str, n: int, kills: int, step_s: float) -> list[dict[str, Any]]:
-        """``n`` runs, ``--parallel`` at a time, each with its own seeded draws."""
-        def one(i: int) -> dict[str, Any]:
-            (root / f"{prefix}{i}").mkdir()
-            row = run_one(root / f"{prefix}{i}", args.steps, args.overrides, kills, victims, step_s,
-                          random.Random(f"{args.seed}-{prefix}-{i}"), args.max_resumes, args.timeout_s)
+    def batch(jobs: list[tuple[str, int]], step_s: float) -> list[dict[str, Any]]:
+        """Runs (name, kills), ``--parallel`` at a time, each with its own seeded draws."""
+        def one(job: tuple[str, int]) -> dict[str, Any]:
+            name, kills = job
+            (root / name).mkdir()
+            row = run_one(root / name, args.steps, args.overrides, kills, victims, step_s,
+                          random.Random(f"{args.seed}-{name}"), args.max_resumes, args.timeout_s)
             progress("chaos", row)
             return row
 
         with ThreadPoolExecutor(args.parallel) as pool:
-            return list(pool.map(one, range(n)))
+            return list(pool.map(one, jobs))
 
-    rows = batch("clean", args.clean_runs, 0, 1.0)
-    clean = [r for r in rows if r["rc"] == 0]
+    clean_jobs = [(f"clean{i}", 0) for i in range(args.clean_runs)]
+    fault_jobs = [(f"fault{i}", args.kills) for i in range(args.runs)]
+    if args.step_s > 0:  # moments drawn over a given step time: all runs at once
+        step_s = args.step_s
+        rows = batch(clean_jobs + fault_jobs, step_s)
+    else:  # over the unfaulted runs' own step time: those first
+        rows = batch(clean_jobs, 1.0)
+        done = [r for r in rows if r["rc"] == 0]
+        step_s = sum(r["wall_s"] for r in done) / max(1, len(done)) / max(1, args.steps - 1)
+        rows += batch(fault_jobs, step_s)
+    clean = [r for r in rows[:args.clean_runs] if r["rc"] == 0]
     if not clean:
         sys.exit("no unfaulted run finished: see the logs under " + str(root))
-    step_s = sum(r["wall_s"] for r in clean) / len(clean) / max(1, args.steps - 1)
     lo, hi = min(r["final_reward"] for r in clean), max(r["final_reward"] for r in clean)
     want_samples = {r["trained_samples"] for r in clean}
-    for row in batch("fault", args.runs, args.kills, step_s):
+    for row in rows[args.clean_runs:]:
         row["samples_ok"] = row["trained_samples"] in want_samples
         # "within the spread": not below the unfaulted runs' lowest final reward
         row["learns"] = row["final_reward"] >= lo
-        rows.append(row)
     faulted = rows[args.clean_runs:]
     ok = [r for r in faulted if r["rc"] == 0 and r["reached_end"] and r["samples_ok"] and r["learns"]]
     extra = {"run_root": str(root), "clean_final_reward_min": lo, "clean_final_reward_max": hi,

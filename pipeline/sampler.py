@@ -199,11 +199,27 @@ class SamplerPool:
             self._spawn_args.append((opts, (model_cfg, rollout_cfg, env_spec, i, gpu_memory_fraction)))
             self.workers.append(actor_cls.options(**opts).remote(*self._spawn_args[i][1]))
         self._actor_cls = actor_cls
-        self.info = ray.get([w.ping.remote() for w in self.workers])  # surfaces build errors now
+        self.info = [self._started(i) for i in range(n)]  # surfaces build errors now
         self.last_stats = BatchStats()
         self.restarts = 0
         self._last_weights: tuple[Any, int] | None = None  # replayable to a replacement worker
         self._replacing: dict[int, asyncio.Lock] = {}
+
+    def _started(self, i: int) -> dict[str, Any]:
+        """Worker ``i``'s ping once it is up; one lost while it starts is started again."""
+        import ray
+
+        for attempt in range(LOSSES_PER_CALL + 1):
+            try:
+                return ray.get(self.workers[i].ping.remote())
+            except Exception as e:
+                if attempt == LOSSES_PER_CALL or not _actor_lost(e):
+                    raise
+                print(f"[sampler] worker {i} was lost while starting ({type(e).__name__}); starting "
+                      "it again", file=sys.stderr, flush=True)
+                opts, args = self._spawn_args[i]
+                self.workers[i] = self._actor_cls.options(**opts).remote(*args)
+        raise AssertionError("unreachable")
 
     def split(self, tasks: list[TaskRef]) -> list[list[TaskRef]]:
         parts: list[list[TaskRef]] = [[] for _ in self.workers]
