@@ -48,13 +48,16 @@ class HeldWeights(ObjectStoreWeights):
 
 class HoldingEnv:
     """ToyEnv whose first evaluation (in any worker) after ``<dir>/armed`` appears stops while it
-    scores (waiting in ``<dir>/held``)."""
+    scores (waiting in ``<dir>/held``); with ``<dir>/armed_start``, the first worker stops while it
+    is built (``<dir>/start_held``)."""
     per_worker = True
 
     def __init__(self, folder: str) -> None:
         self.folder = Path(folder)
 
     def __call__(self, worker_index: int) -> ToyEnv:
+        if (self.folder / "armed_start").exists():  # the first worker stops while it starts
+            _hold_once(str(self.folder / "start_held"))
         env = ToyEnv(n_tasks=4)
         evaluate, folder = env.evaluate, self.folder
 
@@ -90,10 +93,18 @@ def weights(ray_local):
 @pytest.fixture(scope="module")
 def pool(ray_local, tmp_path_factory):
     """Two workers for the three tests below, in order (a pool costs ~20 s to start here)."""
+    import threading
+
     folder = tmp_path_factory.mktemp("hold")
+    (folder / "armed_start").touch()
+    killed: list[int] = []
+    killer = threading.Thread(target=lambda: killed.append(asyncio.run(_kill_when_held(folder / "start_held"))))
+    killer.start()
     pool = SamplerPool(load_model_config("tiny"), rollout_cfg(n_trajectories=TRAJ, turns=1),
                        HoldingEnv(str(folder)), n_workers=2, num_cpus=1)
-    pool.hold_dir = folder
+    killer.join()
+    (folder / "armed_start").unlink()
+    pool.hold_dir, pool.killed_at_start = folder, killed[0]
     yield pool
     pool.shutdown()
 
@@ -103,6 +114,11 @@ def _assert_whole(samples, tasks) -> None:
     assert len(keys) == len(set(keys)), "a trajectory counted twice"
     assert set(keys) == {(t.task_id, j) for t in tasks for j in range(TRAJ)}, "a trajectory lost"
     assert len({s.uid for s in samples}) == len(samples)
+
+
+def test_sampler_killed_while_the_pool_starts_is_started_again(pool):
+    """The fixture killed one worker inside its constructor: the pool started it again."""
+    assert len(pool.info) == 2 and pool.killed_at_start not in {i["pid"] for i in pool.info}
 
 
 async def test_sampler_killed_while_loading_a_push_is_replaced_and_loads_it(pool, weights, tmp_path):
