@@ -161,6 +161,10 @@ class SamplerWorker(WeightReceiverMixin):
         gc.unfreeze()  # a worker built in the caller's process hands its objects back to the collector
 
 
+# how many times one worker may be lost (and replaced) within one call: a batch, a push, a start
+LOSSES_PER_CALL = 3
+
+
 def _actor_lost(e: BaseException) -> bool:
     from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
@@ -195,10 +199,27 @@ class SamplerPool:
             self._spawn_args.append((opts, (model_cfg, rollout_cfg, env_spec, i, gpu_memory_fraction)))
             self.workers.append(actor_cls.options(**opts).remote(*self._spawn_args[i][1]))
         self._actor_cls = actor_cls
-        self.info = ray.get([w.ping.remote() for w in self.workers])  # surfaces build errors now
+        self.info = [self._started(i) for i in range(n)]  # surfaces build errors now
         self.last_stats = BatchStats()
         self.restarts = 0
         self._last_weights: tuple[Any, int] | None = None  # replayable to a replacement worker
+        self._replacing: dict[int, asyncio.Lock] = {}
+
+    def _started(self, i: int) -> dict[str, Any]:
+        """Worker ``i``'s ping once it is up; one lost while it starts is started again."""
+        import ray
+
+        for attempt in range(LOSSES_PER_CALL + 1):
+            try:
+                return ray.get(self.workers[i].ping.remote())
+            except Exception as e:
+                if attempt == LOSSES_PER_CALL or not _actor_lost(e):
+                    raise
+                print(f"[sampler] worker {i} was lost while starting ({type(e).__name__}); starting "
+                      "it again", file=sys.stderr, flush=True)
+                opts, args = self._spawn_args[i]
+                self.workers[i] = self._actor_cls.options(**opts).remote(*args)
+        raise AssertionError("unreachable")
 
     def split(self, tasks: list[TaskRef]) -> list[list[TaskRef]]:
         parts: list[list[TaskRef]] = [[] for _ in self.workers]
@@ -220,7 +241,7 @@ class SamplerPool:
             # samples are dropped (a trajectory never mixes two runs; no uid is delivered twice)
             delivered: set[tuple[str, int]] = set()
             try:
-                for attempt in range(2):
+                for attempt in range(LOSSES_PER_CALL + 1):
                     keep_out = set(delivered)
                     try:
                         stream = worker.generate.options(**backpressure).remote(step, part, version,
@@ -246,11 +267,11 @@ class SamplerPool:
                                     await queue.put(sample)
                         return
                     except Exception as e:
-                        if attempt or not _actor_lost(e):
+                        if attempt == LOSSES_PER_CALL or not _actor_lost(e):
                             raise
                         print(f"[sampler] worker {i} lost during step {step} ({type(e).__name__}); "
                               "starting a replacement", file=sys.stderr, flush=True)
-                        worker = await self._replace(i)
+                        worker = await self._replace(i, worker)
             except Exception as e:
                 await queue.put(RuntimeError(f"sampler worker {i} failed during step {step}: "
                                              f"{type(e).__name__}: {e}"))
@@ -284,30 +305,57 @@ class SamplerPool:
         return [r["version"] for r in await self.receive_weights(payload, version)]
 
     async def receive_weights(self, payload: Any, version: int) -> list[dict[str, Any]]:
-        """Every worker loads ``payload``; one report each (``WeightReceiverMixin.receive_weights``)."""
-        from pipeline.weight_sync import ObjectStoreWeights
+        """Every worker loads ``payload``; one report each (``WeightReceiverMixin.receive_weights``).
+        A worker lost while it loads a replayable payload is replaced and handed it again."""
+        self._last_weights = (payload, version) if getattr(payload, "replayable", False) else None
+        return list(await asyncio.gather(*[self._receive_on(i, w, payload, version)
+                                           for i, w in enumerate(self.workers)]))
 
-        # object-store payloads can be handed again to a worker started later; the others cannot
-        self._last_weights = (payload, version) if isinstance(payload, ObjectStoreWeights) else None
-        return await self._all("receive_weights", payload, version)
+    async def _receive_on(self, i: int, worker: Any, payload: Any, version: int) -> dict[str, Any]:
+        for attempt in range(LOSSES_PER_CALL + 1):
+            try:
+                return await worker.receive_weights.remote(payload, version)
+            except Exception as e:
+                # a payload that is not replayable (a broadcast) cannot reach a new worker: the push fails
+                if attempt == LOSSES_PER_CALL or not _actor_lost(e) or not getattr(payload, "replayable", False):
+                    raise
+                print(f"[sampler] worker {i} lost while loading weights version {version} "
+                      f"({type(e).__name__}); starting a replacement", file=sys.stderr, flush=True)
+                worker = await self._replace(i, worker, replay=False)
+        raise AssertionError("unreachable")
 
-    async def _replace(self, i: int) -> Any:
+    async def _replace(self, i: int, dead: Any, replay: bool = True) -> Any:
         """A new actor in worker ``i``'s place (same bundle), with the newest weights when they can
-        be replayed; otherwise its samples carry the older ``policy_version`` they were made with."""
+        be replayed; otherwise its samples carry the older ``policy_version`` they were made with.
+        Once per lost actor: a push and a batch that both saw it die share one replacement. A
+        replacement lost while it starts is replaced in turn (``LOSSES_PER_CALL`` times)."""
         import ray
 
-        try:
-            ray.kill(self.workers[i])
-        except Exception:
-            pass
-        opts, args = self._spawn_args[i]
-        worker = self._actor_cls.options(**opts).remote(*args)
-        await worker.ping.remote()
-        if self._last_weights is not None:
-            await worker.update_weights.remote(*self._last_weights)
-        self.workers[i] = worker
-        self.restarts += 1
-        return worker
+        async with self._replacing.setdefault(i, asyncio.Lock()):
+            if self.workers[i] is not dead:
+                return self.workers[i]
+            for attempt in range(LOSSES_PER_CALL + 1):
+                try:
+                    ray.kill(dead)
+                except Exception:
+                    pass
+                opts, args = self._spawn_args[i]
+                worker = self._actor_cls.options(**opts).remote(*args)
+                try:
+                    await worker.ping.remote()
+                    if replay and self._last_weights is not None:
+                        await worker.update_weights.remote(*self._last_weights)
+                except Exception as e:
+                    if attempt == LOSSES_PER_CALL or not _actor_lost(e):
+                        raise
+                    print(f"[sampler] the replacement of worker {i} was lost while starting "
+                          f"({type(e).__name__}); starting another", file=sys.stderr, flush=True)
+                    dead = worker
+                    continue
+                self.workers[i] = worker
+                self.restarts += 1
+                return worker
+        raise AssertionError("unreachable")
 
     async def stats(self) -> list[dict[str, float]]:
         return await self._all("stats")

@@ -33,6 +33,7 @@ Checksums = dict[str, tuple[int, int, tuple[int, ...], str]]
 
 @runtime_checkable
 class Payload(Protocol):
+    replayable: ClassVar[bool]           # can be handed again to a sampler started after the push
     version: int
     checksums: Checksums | None          # of what was sent, when the push verifies
     timings: dict[str, float]            # the sender's own seconds (e.g. pack_s, checksum_s)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, ClassVar, Iterator
 
 import torch
 
@@ -17,6 +17,8 @@ from pipeline.weight_sync.base import (Checksums, FlatLayout, WeightPushBase, br
 
 @dataclass
 class BroadcastWeights:
+    # the tensors travel once, inside a group collective: a worker started later cannot fetch them
+    replayable: ClassVar[bool] = False
     version: int
     buffers: list[FlatLayout] = field(default_factory=list)  # in broadcast order
     checksums: Checksums | None = None

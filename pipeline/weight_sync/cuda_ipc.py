@@ -23,7 +23,7 @@ import itertools
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, ClassVar, Iterator
 
 import torch
 
@@ -35,6 +35,9 @@ _buffer_ids = itertools.count()
 
 @dataclass
 class CudaIpcWeights:
+    # the trainer's buffers hold this version until the next push, which waits for every report:
+    # a replacement worker maps them afresh (the header check catches a later version)
+    replayable: ClassVar[bool] = True
     version: int
     buffer_id: str                       # changes when the trainer allocates new buffers
     device_uuid: str                     # the GPU the memory lives on

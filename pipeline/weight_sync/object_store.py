@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, ClassVar, Iterator
 
 import torch
 
@@ -14,6 +14,8 @@ from pipeline.weight_sync.base import Checksums, WeightPushBase, checksums
 
 @dataclass
 class ObjectStoreWeights:
+    # the buckets stay in the object store until the next export: a replacement worker fetches them too
+    replayable: ClassVar[bool] = True
     version: int
     buckets: list[Any]                   # ObjectRefs, each to a list[(name, tensor)]
     checksums: Checksums | None = None
