@@ -333,7 +333,7 @@ class Loop:
             metrics.update({f"pipeline/weight_sync_{k}": float(split[k])
                             for k in ("transport_s", "load_s", "check_s") if k in split})
             self._log(step, metrics, cur.samples)
-            saved = await self._maybe_checkpoint(step, force=self.stop_requested)
+            saved = self._maybe_checkpoint(step, force=self.stop_requested)
             if steps_bar is not None:
                 steps_bar.set_postfix_str(f"reward {metrics.get('reward/mean', 0.0):.3f}")
                 steps_bar.update(1)
@@ -404,7 +404,7 @@ class Loop:
             if not self._pending_draws:  # only the newest image is worth a log entry
                 self.p.logger.log_image(step, "timeline", path)
 
-    async def _maybe_checkpoint(self, step: int, force: bool = False) -> bool:
+    def _maybe_checkpoint(self, step: int, force: bool = False) -> bool:
         c = self.p.checkpoint_cfg
         last = step == self.cfg.steps - 1
         if not (force or (c.every > 0 and (step + 1) % c.every == 0) or (last and c.at_end)):
@@ -414,9 +414,10 @@ class Loop:
         pending = [s for b in sorted(self._ready) if b > step for s in self._ready[b].samples]
         state = {"version": self.version, "cursor": step + 1, "pending": pending or None}
         t0 = time.time()
-        # in a thread: the sampler streams of the batch being generated keep flowing meanwhile
-        await asyncio.to_thread(checkpoint.save, self.p.run_dir / c.dir, step, self.p.trainer, state,
-                                c.keep_last)
+        # in the loop's own thread: saving it in another thread (so the batch being generated kept
+        # flowing) broke one_off's overlap of train N and generate N+1 after a checkpoint step
+        # (test_toy_learns_through_the_pipeline[one_off], fresh-clone CI, 2026-12-04)
+        checkpoint.save(self.p.run_dir / c.dir, step, self.p.trainer, state, c.keep_last)
         print(f"[pipeline] checkpoint of step {step} written in {time.time() - t0:.2f} s",
               file=sys.stderr, flush=True)
         self.events.append(("checkpoint", step, self.version))
