@@ -19,6 +19,7 @@ stacked): the sum and the sum of squares of the raw bit patterns, both exact int
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, ClassVar, Iterator, Protocol, runtime_checkable
@@ -222,7 +223,7 @@ def compare_checksums(expected: Checksums, engine_tensors: dict[str, torch.Tenso
 
 
 # ---- driver side ----------------------------------------------------------------------------
-class WeightPushBase:
+class WeightPushBase(ABC):
     """Pushes the trainer's weights to every sampler as a version; times each push.
 
     ``trainer`` is a :class:`~pipeline.trainer.group.TrainerGroup`; ``samplers`` the sampler pool
@@ -242,9 +243,9 @@ class WeightPushBase:
         self.last_s = 0.0
         self.last_stats: dict[str, float] = {}
 
+    @abstractmethod
     async def _send(self, version: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """The transport's own push: (the sender's timings, one report per sampler)."""
-        raise NotImplementedError
 
     async def push(self, version: int) -> float:
         t0 = time.perf_counter()
