@@ -128,6 +128,37 @@ def best(runs: list[tuple[int, float]], before: dict[str, float] | None = None,
     return out
 
 
+class StepProbe:
+    """vLLM only: wraps the engine's ``llm_engine.step`` to count, per path, its steps, their
+    mean time and the running batch (unfinished requests when a step starts), and the steps
+    taken before every request of a run had joined: what tells a slower step from a batch that
+    formed late."""
+
+    def __init__(self, engine: Any) -> None:
+        self.llm_engine = engine.llm.llm_engine
+        self.inner = self.llm_engine.step
+        self.calls: list[tuple[float, int]] = []
+        self.llm_engine.step = self._step
+
+    def _step(self) -> Any:
+        n = self.llm_engine.get_num_unfinished_requests()
+        t0 = time.perf_counter()
+        out = self.inner()
+        self.calls.append((time.perf_counter() - t0, n))
+        return out
+
+    def take(self, runs: int, requests: int) -> dict[str, float]:
+        calls, self.calls = self.calls, []
+        if not calls:
+            return {}
+        full = [i for i, (_, n) in enumerate(calls) if n >= requests]
+        return {"probe_steps_per_run": len(calls) / runs,
+                "probe_step_ms": 1e3 * sum(d for d, _ in calls) / len(calls),
+                "probe_batch_mean": sum(n for _, n in calls) / len(calls),
+                "probe_first_step_batch": calls[0][1],
+                "probe_steps_before_full_batch": full[0] if full else -1}
+
+
 async def in_process(args: Any, model_cfg: Any, rollout: Any) -> list[dict[str, Any]]:
     from pipeline.engines import make_engine
     from pipeline.models.load import load_model_and_tokenizer
@@ -136,21 +167,39 @@ async def in_process(args: Any, model_cfg: Any, rollout: Any) -> list[dict[str, 
     engine = make_engine(rollout.engine, model, tokenizer)
     env, tasks = toy_tasks(args.tasks)
     rows = []
+    probe = StepProbe(engine) if args.engine == "vllm" else None
+    n_req = args.tasks * args.trajectories
+
+    def probed(row: dict[str, Any]) -> dict[str, Any]:
+        return {**row, **(probe.take(args.repeats, n_req) if probe else {})}
+
     try:
         if args.engine == "vllm":
             await bare_vllm(engine, tokenizer, env, tasks, rollout)  # warm-up
+            probed({})
             bare = [await bare_vllm(engine, tokenizer, env, tasks, rollout) for _ in range(args.repeats)]
-            rows.append({"path": "bare vLLM (LLM.generate)", **best(bare)})
+            rows.append(probed({"path": "bare vLLM (LLM.generate)", **best(bare)}))
             progress("sampler", rows[-1])
+            # the same engine without its admission wait: what the wait buys
+            wait, engine.admit_wait_s = engine.admit_wait_s, 0.0
+            await engine_alone(engine, tokenizer, env, tasks, rollout)  # warm-up
+            probed({})
+            before = dict(engine.stats())
+            alone = [await engine_alone(engine, tokenizer, env, tasks, rollout) for _ in range(args.repeats)]
+            rows.append(probed({"path": "engine, admit_wait_s=0", **best(alone, before, dict(engine.stats()))}))
+            progress("sampler", rows[-1])
+            engine.admit_wait_s = wait
         await engine_alone(engine, tokenizer, env, tasks, rollout)  # warm-up
+        probed({})
         before = dict(engine.stats())
         alone = [await engine_alone(engine, tokenizer, env, tasks, rollout) for _ in range(args.repeats)]
-        rows.append({"path": "engine", **best(alone, before, dict(engine.stats()))})
+        rows.append(probed({"path": "engine", **best(alone, before, dict(engine.stats()))}))
         progress("sampler", rows[-1])
         await through_rollout(engine, tokenizer, env, tasks, rollout, 0)  # warm-up
         before = dict(engine.stats())
+        probed({})
         wrapped = [await through_rollout(engine, tokenizer, env, tasks, rollout, i) for i in range(args.repeats)]
-        rows.append({"path": "rollout (in process)", **best(wrapped, before, dict(engine.stats()))})
+        rows.append(probed({"path": "rollout (in process)", **best(wrapped, before, dict(engine.stats()))}))
         progress("sampler", rows[-1])
     finally:
         await engine.aclose()
@@ -231,7 +280,7 @@ def main() -> None:
         r["overhead"] = 1.0 - r["tokens_per_s"] / base
         if "engine_s_mean" in r and r["wall_s_mean"]:  # the time outside generate: the wrapper's cost
             r["outside_engine_share"] = 1.0 - r["engine_s_mean"] / r["wall_s_mean"]
-    worst = max(r["overhead"] for r in rows[1:])
+    worst = max(r["overhead"] for r in rows[1:] if "admit_wait_s=0" not in r["path"])  # that row is a diagnosis
     extra = {"engine": args.engine, "preset": args.preset,
              "requests": args.tasks * args.trajectories, "max_tokens": args.max_tokens,
              "target_overhead_le_5pct": target(worst <= 0.05)}

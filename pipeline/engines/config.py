@@ -25,6 +25,9 @@ class VLLMEngineConfig:
     enable_sleep_mode: bool = MISSING        # sleep() frees KV cache (and weights at level 2)
     sleep_level: int = MISSING               # 1: offload weights to CPU, drop KV; 2: drop both
     seed: int = MISSING
+    # when the engine is idle and a request arrives, how long it keeps taking new requests before
+    # its first step: a burst (a batch's trajectories) then starts as one batch, as LLM.generate's
+    admit_wait_s: float = MISSING
 
 
 @dataclass

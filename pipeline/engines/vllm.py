@@ -6,6 +6,7 @@ asyncio loop. That is vLLM's own continuous batching: a trajectory's next turn j
 batch at the next step, it does not wait for the batch to end.
 
 * Prefix caching on (many trajectories share a prompt); a semaphore bounds in-flight requests.
+  An idle engine takes requests for ``admit_wait_s`` before it steps, so a burst starts as one batch.
 * Log-probs: ``logprobs_mode="processed_logprobs"`` with ``logprobs=1``: the sampled token's
   log-prob after temperature (and top-k/top-p, when set: then it is of the filtered distribution
   actually sampled from; with top_p=1, top_k=-1 it is ``log_softmax(logits / T)``, the trainer's).
@@ -59,6 +60,7 @@ class VLLMEngine:
             enable_prefix_caching=cfg.enable_prefix_caching, enforce_eager=cfg.enforce_eager,
             enable_sleep_mode=cfg.enable_sleep_mode, seed=cfg.seed,
             logprobs_mode="processed_logprobs", disable_log_stats=True)
+        self.admit_wait_s = float(cfg.admit_wait_s)
         self.version = 0
         self._asleep = False
         self._ids = itertools.count()
@@ -81,12 +83,20 @@ class VLLMEngine:
                 item = self._inbox.get(block=not busy, timeout=None if not busy else 0)
             except queue.Empty:
                 item = None
+            # an idle engine that just got work waits up to admit_wait_s for the rest of the burst
+            # (a batch's trajectories arrive within a millisecond or two): otherwise its first steps
+            # run with the few requests that came first and the rest join one by one
+            deadline = None if busy or item is None else time.perf_counter() + self.admit_wait_s
             while item is not None:
                 self._handle(item)
                 try:
                     item = self._inbox.get_nowait()
                 except queue.Empty:
-                    item = None
+                    left = 0.0 if deadline is None else deadline - time.perf_counter()
+                    try:
+                        item = self._inbox.get(timeout=left) if left > 0 else None
+                    except queue.Empty:
+                        item = None
             if self._closed or not engine.has_unfinished_requests():
                 continue
             t0 = time.perf_counter()

@@ -62,8 +62,14 @@ def evaluate_all(backend: str, answers: list[CorpusAnswer], reward: str = "kerne
         env = KernelEnv(load_reward_config(reward, backend=backend, holdout_frac=0.0),
                         EvalPool(load_default_config(**sandbox)))
         refs = {t.task_id: t for t in env.tasks("train")}
+        async def one(a: CorpusAnswer):  # a line as each verdict comes (seen with -s; a cut run keeps them)
+            o = await env.evaluate(refs[a.task_id], reply(a))
+            print(f"[corpus] {backend} {a.task_id} {a.variant}: expected {a.expected}, got {verdict(o)}, "
+                  f"speedup {o.speedup}", flush=True)
+            return o
+
         try:
-            outcomes = await asyncio.gather(*(env.evaluate(refs[a.task_id], reply(a)) for a in answers))
+            outcomes = await asyncio.gather(*(one(a) for a in answers))
         finally:
             await env.aclose()
         return {(a.task_id, a.variant): o for a, o in zip(answers, outcomes)}
