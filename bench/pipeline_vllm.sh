@@ -13,25 +13,29 @@
 # pipeline_vllm_kernel.log, runs/timeline_k<k>.png (+ .jsonl) and each run dir's metrics.jsonl.
 #
 # The model is a random-initialised Qwen2 of Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14/2
-# heads, vocabulary 151,936, tied embeddings; the tiny tokenizer): the SFT warm start does not
-# exist yet. A random model's answers never parse, so the kernel env scores a stored correct answer
-# (rewards/solutions/cuda) for SHARE of the evaluations (bench/stored_answers.py); the sandbox
-# compiles (once per answer: one shared build cache), checks and times them on the GPU that vLLM
-# and the trainer share (resources=one_gpu; sampler 0.40 of its memory, trainer 0.45, the
-# evaluator's processes the rest). The workload (the 3 tasks with a stored cuda answer x 16
-# trajectories x 2 turns = 96 samples a batch, 512 response tokens: at this vocabulary every
-# response runs to the limit, so the overlong filter is off or nothing would be trained; 1 in 24
-# evaluations real, 4 a batch) is meant to put sync mode's generate+reward
-# and train phases within 1.5x of each other; the bench prints both and their ratio ("sync
-# phases:"). If the ratio misses, move SHARE (evaluator work), rollout.max_response_length
-# (generation) or rollout.n_trajectories (training grows with it, generation far less) by it.
+# heads, vocabulary 151,936, tied embeddings; the tiny tokenizer). A random model's answers never
+# parse, so the kernel env scores a stored correct answer (rewards/solutions/cuda) for SHARE of the
+# evaluations (bench/stored_answers.py); the sandbox compiles (once per answer: one shared build
+# cache), checks and times them on the GPU that vLLM and the trainer share (resources=one_gpu;
+# sampler 0.40 of its memory, trainer 0.45, the evaluator's processes the rest). At this
+# vocabulary every response runs to the limit, so the overlong filter is off (or nothing would be
+# trained).
+#
+# The workload is meant to put sync mode's generate+reward and train phases within 1.5x of each
+# other (the bench prints both and their ratio, "sync phases:"). The first run (2 turns, 16
+# trajectories, 512 tokens) was 7x unbalanced: the second turn's generation waited for the first
+# turn's sandbox scores (32-42 s each on the shared GPU) while training took 6.4 s. So the default
+# is one turn (generation never waits for a score; the reward phase is the tail after the last
+# token), 64 trajectories x 3 tasks x 1024 tokens (~190 k generated and ~0.6 M trained tokens a
+# batch) and about 4 sandboxed evaluations a batch (SHARE). TURNS, NTRAJ, RESP, SHARE move it.
 set -u
 out=${OUT:-/tmp/bench_out}
 mkdir -p "$out"
 export PYTHONPATH=/tmp/site:/tmp/vsite:$PWD PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 \
        TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
        RAY_DEDUP_LOGS=0 WANDB_MODE=disabled
-KS=${KS:-0,1} STEPS=${STEPS:-6} SHARE=${SHARE:-0.0417} BUDGET=${BUDGET:-0} LIMIT=${LIMIT:-440}
+KS=${KS:-0,1} STEPS=${STEPS:-5} SHARE=${SHARE:-0.0208} BUDGET=${BUDGET:-0} LIMIT=${LIMIT:-440}
+TURNS=${TURNS:-1} NTRAJ=${NTRAJ:-64} RESP=${RESP:-1024}
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv >"$out/gpu.txt" 2>&1
 timeout -k 15 "$LIMIT" python3 -m bench.pipeline --ks "$KS" --steps "$STEPS" --budget-s "$BUDGET" \
   --stored-answers --answer-share "$SHARE" --run-root "$out/runs" --out "$out/pipeline_vllm_kernel.json" -- \
@@ -40,8 +44,8 @@ timeout -k 15 "$LIMIT" python3 -m bench.pipeline --ks "$KS" --steps "$STEPS" --b
   model.tiny.intermediate_size=4864 model.tiny.num_hidden_layers=24 model.tiny.num_attention_heads=14 \
   model.tiny.num_key_value_heads=2 model.tiny.tie_word_embeddings=true model.tiny.max_position_embeddings=8192 \
   resources.sampler.gpu_memory_fraction=0.4 resources.trainer.gpu_memory_fraction=0.45 \
-  rollout.engine.vllm.max_model_len=8192 pipeline.tasks_per_batch=3 rollout.n_trajectories=16 \
-  rollout.turns=2 rollout.max_prompt_length=4096 rollout.max_response_length=512 \
+  rollout.engine.vllm.max_model_len=8192 pipeline.tasks_per_batch=3 rollout.n_trajectories=$NTRAJ \
+  rollout.turns=$TURNS rollout.max_prompt_length=4096 rollout.max_response_length=$RESP \
   "rollout.response_length_schedule=[]" algorithm.drop_zero_adv_groups=false algorithm.overlong_filter=off \
   algorithm.micro_batch_tokens=16384 sandbox.cache_dir=/tmp/bench_pipeline_build_cache \
   sandbox.compile_workers=4 "$@" >"$out/pipeline_vllm_kernel.log" 2>&1
