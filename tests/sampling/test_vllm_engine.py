@@ -93,6 +93,36 @@ async def test_load_weights_changes_outputs_and_restores_them(setup):
     assert after != before and restored == before and engine.version == 2
 
 
+async def test_a_push_mid_turn_goes_on_in_place_with_the_new_weights(setup):
+    """pipeline.partial_rollout on vLLM (docs/loop.md): a push lands between two decode steps and
+    the request in flight is neither restarted nor cut: its tokens before the push are those the
+    old weights give alone, the ones after come from the new weights (they depart from the old
+    weights' greedy run), it runs on to its own end, and it reports the version it started under."""
+    engine, tok, path, other, _ = setup
+    from safetensors.torch import load_file
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=600)
+    # the prompt whose greedy run under the old weights is longest (a random model may stop early)
+    runs = await asyncio.gather(*[engine.generate(p, greedy) for p in _prompts(tok, 6)])
+    prompt, old = max(zip(_prompts(tok, 6), runs), key=lambda pr: len(pr[1].token_ids))
+    assert len(old.token_ids) >= 200, [len(r.token_ids) for r in runs]
+    v0 = engine.version
+    task = asyncio.ensure_future(engine.generate(prompt, greedy))
+    start = engine.stats()["steps"]
+    while engine.stats()["steps"] < start + 40:  # 40 decode steps in: the request is mid-turn
+        await asyncio.sleep(0.002)
+    await asyncio.to_thread(engine.load_weights, load_file(f"{other}/model.safetensors").items(), v0 + 1)
+    mixed = await task
+    engine.load_weights(load_file(f"{path}/model.safetensors").items(), v0 + 2)  # the module's weights
+    same = next((i for i, (a, b) in enumerate(zip(old.token_ids, mixed.token_ids)) if a != b),
+                min(len(old.token_ids), len(mixed.token_ids)))
+    print(f"push after {same} of {len(mixed.token_ids)} tokens (old run {len(old.token_ids)})")
+    assert 30 <= same < len(mixed.token_ids), "the push did not land mid-turn"
+    assert mixed.finish_reason in ("stop", "length") and mixed.version == v0
+    assert len(mixed.logprobs) == len(mixed.token_ids)
+    assert torch.allclose(torch.tensor(mixed.logprobs[:same]), torch.tensor(old.logprobs[:same]), atol=1e-3)
+
+
 async def test_sleep_and_wake(setup):
     engine, tok, *_ = setup
     engine.sleep()
