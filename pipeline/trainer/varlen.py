@@ -12,7 +12,6 @@ what the CPU parity tests exercise. Nothing here is a kernel of its own; it only
 """
 from __future__ import annotations
 
-import functools
 import inspect
 
 import torch
@@ -20,10 +19,10 @@ import torch
 NAME = "varlen"
 
 
-@functools.cache
-def _varlen_kernel():
+def _load_kernel():
     """torch's varlen_attn and the keywords its version takes (2.10: ``is_causal``; later:
-    ``window_size=(-1, 0)`` and ``enable_gqa``), or None when this torch has none."""
+    ``window_size=(-1, 0)`` and ``enable_gqa``), or None when this torch has none. Looked up once,
+    by :func:`register`, outside any compiled region (inspect would break a torch.compile graph)."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
@@ -31,13 +30,16 @@ def _varlen_kernel():
     return varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)
 
 
+_KERNEL = None
+
+
 def kernel_available(device: torch.device, dtype: torch.dtype) -> bool:
-    return device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and _varlen_kernel() is not None
+    return device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and _KERNEL is not None
 
 
 def _with_kernel(q, k, v, cu, max_len, scale):
     """q ``[T, H, D]``, k/v ``[T, H_kv, D]`` -> ``[T, H, D]`` through torch's varlen kernel."""
-    fn, params = _varlen_kernel()
+    fn, params = _KERNEL
     kw = {}
     if "window_size" in params:
         kw["window_size"] = (-1, 0)  # causal
@@ -92,6 +94,8 @@ def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
 def register() -> None:
     """Make ``attn_implementation="varlen"`` known to transformers (idempotent). No mask function
     is registered with it: transformers then builds no mask for it, which is the point."""
+    global _KERNEL
     from transformers import AttentionInterface
 
+    _KERNEL = _load_kernel()
     AttentionInterface.register(NAME, varlen_attention)
