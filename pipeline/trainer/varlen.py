@@ -85,7 +85,7 @@ def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     cu = cu_seq_lens_q.to(device=query.device, dtype=torch.int32)
     if kernel_available(query.device, query.dtype):
         out = _with_kernel(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
-                           cu, int(max_length_q), scaling)
+                           cu, max_length_q, scaling)  # no int(): under torch.compile it is a SymInt
     else:
         out = _per_sequence(query, key, value, cu, scaling)
     return out.unsqueeze(0), None
