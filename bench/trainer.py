@@ -183,7 +183,7 @@ def rl_step(args: Any, arch: dict[str, Any], lengths: list[int], device: torch.d
     from pipeline.algorithms.config import AlgorithmConfig
     from pipeline.models.config import ModelConfig
     from pipeline.sample import Sample
-    from pipeline.trainer import TrainerConfig, TrainerWorker
+    from pipeline.trainer import TrainerConfig, TrainerWorker, varlen
     from pipeline.trainer.plan import plan_step
     from pipeline.trainer.worker import free_port
 
@@ -245,6 +245,7 @@ def rl_step(args: Any, arch: dict[str, Any], lengths: list[int], device: torch.d
             "TFLOP/s": achieved, "mfu_vs_peak": achieved / args.peak_tflops if device.type == "cuda" else None,
             "micro_batches": sum(len(m) for m in plan.ranks[0].mini_batches), "computed_tokens": computed,
             "rows": n_rows, "peak_mem_gib": peak, "attn": info["attn_implementation"], "liger": info["liger"],
+            "varlen_kernel": varlen.kernel_available(device, torch.bfloat16) if info["remove_padding"] else None,
             "params": info["params"]}
 
 

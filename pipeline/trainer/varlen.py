@@ -13,6 +13,7 @@ what the CPU parity tests exercise. Nothing here is a kernel of its own; it only
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import torch
 
@@ -87,6 +88,9 @@ def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
         out = _with_kernel(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
                            cu, max_length_q, scaling)  # no int(): under torch.compile it is a SymInt
     else:
+        if query.is_cuda:  # correct but a launch per sequence: say so, once
+            warnings.warn(f"attn_implementation={NAME!r} on CUDA without torch's varlen kernel for "
+                          f"{query.dtype} (it needs bf16/fp16 and torch >= 2.10): one SDPA per sequence")
         out = _per_sequence(query, key, value, cu, scaling)
     return out.unsqueeze(0), None
 
