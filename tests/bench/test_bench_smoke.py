@@ -123,7 +123,7 @@ def test_stored_answers_parse_pass_the_rules_and_keep_their_share():
 
 
 def test_trainer_levers_expand_named_sets_and_run_liger_rows_last():
-    from bench.trainer import LEVER_SETS, parse_levers
+    from bench.trainer_rl import LEVER_SETS, parse_levers
 
     rows = parse_levers("qwen0.5b/packed+liger,issue19", "qwen0.5b", False)
     assert len(rows) == 1 + len(LEVER_SETS["issue19"])
