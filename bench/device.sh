@@ -145,7 +145,7 @@ sampler)  # bench.sampler (hf) alone, with the engine's own generate time per pa
   step sampler_hf 200 $py -m bench.sampler --engine hf --preset qwen0.5b --dtype bfloat16 --tasks 4 \
        --trajectories 8 --max-tokens 128 --repeats 6 --out "$res/sampler_hf_h200.json"
   ;;
-levers|levers-liger|levers-scale)  # issue 19: bench.trainer's LEVER_SETS at the 32k budget, one set per call
+levers|levers-liger|levers-scale)  # issue 19: bench/trainer_rl.py's LEVER_SETS at the 32k budget, one set per call
   # (rows are saved as they finish; --time-limit-s starts no row that the step's limit would cut)
   set_name=issue19${part#levers}
   if [ "$part" = levers ]; then
