@@ -154,9 +154,9 @@ levers|levers-liger|levers-scale)  # issue 19: bench/trainer_rl.py's LEVER_SETS 
   if [ "$part" = levers-liger ]; then
     bash .ligerpkgs/install.sh 2>&1 | tail -2
   fi
-  step trainer_$set_name 350 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer \
+  step trainer_$set_name 340 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer \
        --preset qwen0.5b --rows 64 --min-len 256 --max-len 4096 --steps 2 --layouts "" --rl-step \
-       --rl-budgets 32768 --rl-chunks 1024 --prompt-len 512 --rl-configs $set_name --time-limit-s 240 \
+       --rl-budgets 32768 --rl-chunks 1024 --prompt-len 512 --rl-configs $set_name --time-limit-s 230 \
        --out "$res/trainer_$set_name.json"
   ;;
 *) echo "unknown part $part"; exit 2 ;;
