@@ -12,13 +12,16 @@
 #   bash bench/device.sh sync      # the GPU weight-sync test, bench.weight_sync (cuda_ipc), the RL step at 32k
 #   bash bench/device.sh sampler   # bench.sampler (hf) with the engine's generate time per path
 #   bash bench/device.sh scale     # the compiled RL step at 0.5B and 1.5B, bench.sampler (hf) with 6 repeats
+#   bash bench/device.sh levers    # issue 19: the trainer's GPU tests, the packed RL step at 0.5B/1.5B, compile on/off
+#   bash bench/device.sh levers-liger  # the same with Liger's kernels (carry .ligerpkgs too: bench/device_liger_pkgs.sh)
+#   bash bench/device.sh levers-scale  # 3B packed (with and without activation checkpointing), 1.5B ckpt, 1.5B padded at 32k
 # Needs .devpkgs installed into /tmp/site (bash .devpkgs/install.sh), built on the CPU machine with
 #   EXTRA="verl==0.9.1 codetiming tensordict==0.10.0 pyvers torchdata==0.11.0 pylatexenc dill orjson" \
 #     bash ../shared/tools/device-pkgs.sh
 # (orjson: verl.utils.tracking imports it; the 2026-12-02 run lacked it and the trainer could not start). Every bench has its own time
 # limit, so one that hangs costs only its share; results are re-packed into $OUT after each.
 set -u
-part=${1:?usage: bench/device.sh compile|build|gpu|mfu|stream|recheck|vllm|evals|sync|scale|sampler}
+part=${1:?usage: bench/device.sh compile|build|gpu|mfu|stream|recheck|vllm|evals|sync|scale|sampler|levers|levers-liger|levers-scale}
 out=${OUT:-/tmp/bench_out}
 res=/tmp/bench_res/$part
 mkdir -p "$res" "$out"
@@ -141,6 +144,20 @@ scale)  # 2026-12-03 (fifth session): the RL step without the first mini-batch's
 sampler)  # bench.sampler (hf) alone, with the engine's own generate time per path
   step sampler_hf 200 $py -m bench.sampler --engine hf --preset qwen0.5b --dtype bfloat16 --tasks 4 \
        --trajectories 8 --max-tokens 128 --repeats 6 --out "$res/sampler_hf_h200.json"
+  ;;
+levers|levers-liger|levers-scale)  # issue 19: bench/trainer_rl.py's LEVER_SETS at the 32k budget, one set per call
+  # (rows are saved as they finish; --time-limit-s starts no row that the step's limit would cut)
+  set_name=issue19${part#levers}
+  if [ "$part" = levers ]; then
+    step gpu_trainer_tests 100 $py -m pytest -x -q -m gpu tests/pipeline/test_gpu_trainer.py
+  fi
+  if [ "$part" = levers-liger ]; then
+    bash .ligerpkgs/install.sh 2>&1 | tail -2
+  fi
+  step trainer_$set_name 340 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer \
+       --preset qwen0.5b --rows 64 --min-len 256 --max-len 4096 --steps 2 --layouts "" --rl-step \
+       --rl-budgets 32768 --rl-chunks 1024 --prompt-len 512 --rl-configs $set_name --time-limit-s 230 \
+       --out "$res/trainer_$set_name.json"
   ;;
 *) echo "unknown part $part"; exit 2 ;;
 esac

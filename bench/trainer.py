@@ -10,6 +10,16 @@ figure); the run also measures a large bf16 matmul on the same GPU and reports M
 
     python -m bench.trainer --preset qwen0.5b --out runs/bench/trainer.json      # the H200
     python -m bench.trainer --preset cpu-small --out runs/bench/trainer_cpu.json # a laptop
+
+The project's RL step (``--rl-step``) has levers, one row per ``--rl-configs`` entry
+``PRESET/LAYOUT[+compile][+liger][+ckpt]`` (LAYOUT padded | packed: ``trainer.remove_padding``;
+``+compile``: ``trainer.compile_layers``; ``+liger``: ``trainer.liger``; ``+ckpt``:
+``trainer.gradient_checkpointing``), or a named set of ``bench.trainer_rl.LEVER_SETS`` (``issue19``,
+``issue19-liger``, ``issue19-scale``: each fits one 8-minute device call). Liger patches
+transformers' Qwen2 module for the whole process, so its rows run after all the others.
+
+    python -m bench.trainer --preset qwen0.5b --rows 64 --layouts "" --rl-step --rl-budgets 32768 \
+        --rl-configs issue19 --time-limit-s 330 --out $OUT/trainer_issue19.json   # the H200
 """
 from __future__ import annotations
 
@@ -29,6 +39,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Qwen2.5-1.5B's shape
     "qwen1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                      num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True),
+    # Qwen2.5-3B's shape
+    "qwen3b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                   num_attention_heads=16, num_key_value_heads=2, tie_word_embeddings=True),
     "cpu-small": dict(vocab_size=4096, hidden_size=128, intermediate_size=352, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
 }
@@ -158,77 +171,14 @@ def matmul_tflops(device: torch.device, n: int = 8192, reps: int = 10) -> float 
     return 2 * n**3 * reps / (start.elapsed_time(end) / 1e3) / 1e12
 
 
-def rl_step(args: Any, arch: dict[str, Any], lengths: list[int], device: torch.device, budget: int,
-            chunk: int) -> dict[str, Any]:
-    """The project's own trainer step (pipeline.trainer.worker.TrainerWorker.train_step) on a
-    GRPO+ batch built by pipeline.algorithms.build_train_batch from synthetic samples: prompt
-    ``--prompt-len`` tokens, responses of the lengths above, 8 samples per task, random scores.
-    Its work per row: forward + backward, and a forward for the old log-probs of the rows after
-    the first mini-batch."""
-    from bench.weight_sync import group
-    from pipeline.algorithms import build_train_batch
-    from pipeline.algorithms.config import AlgorithmConfig
-    from pipeline.models.config import ModelConfig
-    from pipeline.sample import Sample
-    from pipeline.trainer import TrainerConfig, TrainerWorker
-    from pipeline.trainer.plan import plan_step
-    from pipeline.trainer.worker import free_port
+def save_partial(args: Any, rows: list[dict[str, Any]]) -> None:
+    """The rows so far, to --out: a device call cut at its limit keeps what it measured."""
+    if args.out:
+        import json
 
-    over = {f"tiny.{k}": v for k, v in arch.items()}
-    over["tiny.max_position_embeddings"] = 32768
-    model_cfg = group(ModelConfig, "model/tiny", **over)
-    algo = group(AlgorithmConfig, "algorithm/grpo_plus", micro_batch_tokens=budget)
-    max_resp = max(lengths)
-    trainer_cfg = group(TrainerConfig, "trainer/fsdp2", logprob_chunk_tokens=chunk, compile_layers=args.compile)
-    worker = TrainerWorker(0, 1, model_cfg, trainer_cfg, algo,
-                           max_response_length=max_resp, temperature=1.0, total_optim_steps=100)
-    worker.init("127.0.0.1", free_port())
-    rng = random.Random(1)
-    vocab = arch["vocab_size"]
-    samples = [Sample(uid=f"0/t{i // 8}/{i % 8}/0", step=0, task_id=f"t{i // 8}", traj=i % 8, turn=0,
-                      prompt_ids=[rng.randrange(vocab) for _ in range(args.prompt_len)],
-                      response_ids=[rng.randrange(vocab) for _ in range(r)], logprobs=[-5.0] * r,
-                      finish_reason="stop", score=rng.random(), policy_version=0)
-               for i, r in enumerate(lengths)]
-    batch = build_train_batch(samples, algo, max_resp, 0)
-    n_rows = int(batch.input_ids.shape[0])
-    lens = [int(x) for x in batch.attention_mask.sum(1)]
-    plan = plan_step(lens, [int(x) for x in batch.response_mask.sum(1)], 1, algo.ppo_mini_batches,
-                     algo.micro_batch_tokens)
-    from pipeline.trainer.worker import BATCH_KEYS
-
-    shard = {k: getattr(batch, k)[torch.tensor(plan.ranks[0].rows)] for k in BATCH_KEYS}
-    times = []
-    for i in range(args.warmup + args.steps):
-        sync(device)
-        t0 = time.perf_counter()
-        worker.train_step(shard, plan.ranks[0], plan.global_seqs, plan.global_tokens, max_resp)
-        sync(device)
-        if i >= args.warmup:
-            times.append(time.perf_counter() - t0)
-    worker.shutdown()
-    t = sorted(times)[len(times) // 2]
-    L, d, V = arch["num_hidden_layers"], arch["hidden_size"], arch["vocab_size"]
-    n_body = matmul_params(worker.model) - V * d
-    resp = [int(x) for x in batch.response_mask.sum(1)]
-    # forward + backward (3 passes' worth per token), and one forward more for the old log-probs
-    # of the rows after the first mini-batch (the first trains on the weights they come from);
-    # lm_head only on the response positions (logits_to_keep)
-    rank = plan.ranks[0]
-    later = {rank.rows[p] for mini in rank.mini_batches[1:] for micro in mini for p in micro}
-    flops = sum((8 if i in later else 6) * (n_body * n + V * d * r + L * d * n * n)
-                for i, (n, r) in enumerate(zip(lens, resp)))
-    padded = int(batch.input_ids.numel())
-    achieved = flops / t / 1e12
-    peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
-    return {"layout": rl_label(budget, chunk, args.compile), "step_s": t, "tokens_per_s": sum(lens) / t,
-            "TFLOP/s": achieved, "mfu_vs_peak": achieved / args.peak_tflops if device.type == "cuda" else None,
-            "micro_batches": sum(len(m) for m in plan.ranks[0].mini_batches), "computed_tokens": padded,
-            "rows": n_rows, "peak_mem_gib": peak}
-
-
-def rl_label(budget: int, chunk: int, compiled: bool = False) -> str:
-    return f"rl_step (project trainer, budget {budget}, logprob chunk {chunk or 'off'}{', compiled' if compiled else ''})"
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump({"bench": "trainer", "partial": True, "rows": rows}, f, indent=2, default=str)
 
 
 def main() -> None:
@@ -250,6 +200,10 @@ def main() -> None:
     p.add_argument("--rl-step", action="store_true", help="also time the project's trainer step")
     p.add_argument("--rl-budgets", default="", help="micro-batch token budgets of the rl steps (default --token-budget)")
     p.add_argument("--rl-chunks", default="1024", help="logprob_chunk_tokens of the rl steps (0: full logits)")
+    p.add_argument("--rl-configs", default="", help="rl-step rows: PRESET/LAYOUT[+compile][+liger][+ckpt], "
+                   "comma-separated, or a named set (issue19); default: --preset, padded, --compile")
+    p.add_argument("--time-limit-s", type=float, default=0.0, help="start no rl-step row after this many "
+                   "seconds (the rows left are listed as skipped; 0: no limit)")
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--profile", default="", help="write a torch.profiler summary of one step of the first "
                    "layout to this file (GPU busy time against wall time, the top kernels)")
@@ -307,22 +261,33 @@ def main() -> None:
         progress("trainer", row)
         del micro
     if args.rl_step:
+        from bench.trainer_rl import parse_levers, rl_label, rl_step
+
         dist.destroy_process_group()
         del model, opt
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        for budget in [int(b) for b in (args.rl_budgets or str(args.token_budget)).split(",")]:
-            for chunk in [int(c) for c in args.rl_chunks.split(",")]:
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-                    torch.cuda.reset_peak_memory_stats()
-                try:
-                    rows.append(rl_step(args, arch, lengths, device, budget, chunk))
-                except Exception as e:  # the rows before are still worth reporting; the error is shown
-                    rows.append({"layout": rl_label(budget, chunk, args.compile), "error": f"{type(e).__name__}: {str(e)[:300]}"})
-                    if dist.is_initialized():
-                        dist.destroy_process_group()
-                progress("trainer", rows[-1])
+        t_start = time.perf_counter()
+        for lever in parse_levers(args.rl_configs, args.preset, args.compile):
+            for budget in [int(b) for b in (args.rl_budgets or str(args.token_budget)).split(",")]:
+                for chunk in [int(c) for c in args.rl_chunks.split(",")]:
+                    label = rl_label(budget, chunk, lever)
+                    if args.time_limit_s and time.perf_counter() - t_start > args.time_limit_s:
+                        rows.append({"layout": label, "error": "skipped: --time-limit-s reached"})
+                        continue
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                        torch.cuda.reset_peak_memory_stats()
+                    t_row = time.perf_counter()
+                    try:
+                        rows.append(rl_step(args, PRESETS[lever["preset"]], lengths, device, budget, chunk, lever))
+                    except Exception as e:  # the rows before are still worth reporting; the error is shown
+                        rows.append({"layout": label, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                        if dist.is_initialized():
+                            dist.destroy_process_group()
+                    rows[-1]["row_wall_s"] = time.perf_counter() - t_row
+                    progress("trainer", rows[-1])
+                    save_partial(args, rows)
     best = max((r.get("mfu_vs_peak") or 0.0) for r in rows)  # an error row has none
     extra = {"matmul_params": n_mm, "params": n_params,
              "real_tokens_per_step": real_tokens, "padded_tokens_per_step": padded_tokens,

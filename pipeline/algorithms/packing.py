@@ -1,12 +1,15 @@
 """Packed form of training rows: no padding, one ``[1, T]`` sequence per micro-batch, for
-variable-length attention.
+variable-length attention (the trainer's ``trainer.remove_padding``, verl's ``use_remove_padding``).
 
 Sequences are concatenated (prompt + response, padding removed); ``position_ids`` restart at 0
 for each, which is how HF models find the boundaries (flash-attention varlen, and the sdpa/eager
 masks built by ``transformers.masking_utils``, which look for packing only when the forward gets
 no attention mask and no cache: call ``model(input_ids=..., position_ids=..., use_cache=False)``).
-``cu_seqlens``
-and ``max_seqlen`` are the flash-attention varlen arguments for code that calls it directly.
+``cu_seqlens`` and ``max_seqlen`` are the varlen kernels' arguments (flash-attn, torch's
+``varlen_attn``); the trainer passes them as transformers' ``cu_seq_lens_*`` / ``max_length_*``.
+
+Written here because no library packs this project's row layout (prompt left-padded into the
+first P columns, response right-padded into the last R); the rest is transformers' and torch's.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ class PackedRows:
     cu_seqlens: torch.Tensor      # [n+1] int32: sequence i is tokens [cu[i], cu[i+1])
     max_seqlen: int
     logit_index: torch.Tensor     # [n, R] long: packed position whose logits predict response token j
+    response_present: torch.Tensor  # [n, R] bool: response token j of the row exists (not padding)
     response_ids: torch.Tensor    # [n, R] long: the response tokens (pad where response_mask is 0)
     response_mask: torch.Tensor   # [n, R] float, the batch's loss mask of these rows
 
@@ -34,32 +38,48 @@ class PackedRows:
         positions predicting each row's response tokens (padding slots repeat position 0)."""
         return per_position[0, self.logit_index]
 
+    def unpack(self, flat: torch.Tensor) -> torch.Tensor:
+        """``[N]`` values of the present response tokens, in packed order (what
+        ``logit_index[response_present]`` selects) -> ``[n, R]`` with zeros on padding."""
+        out = flat.new_zeros(self.response_present.shape)
+        out[self.response_present] = flat
+        return out
+
+
+def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor,
+         prompt_len: int, rows: Sequence[int] | None = None) -> PackedRows:
+    """Pack ``[n, P+R]`` rows laid out as :class:`TrainBatch` rows (``prompt_len`` = P)."""
+    P = prompt_len
+    keep = attention_mask.bool()
+    lengths = keep.sum(1)
+    n_prompt = keep[:, :P].sum(1)
+    if bool((n_prompt == 0).any()):
+        r = int(torch.nonzero(n_prompt == 0)[0])
+        raise ValueError(f"row {r if rows is None else rows[r]} has no prompt token: nothing "
+                         "predicts its first response token")
+    ends = lengths.cumsum(0)
+    starts = ends - lengths
+    T = int(ends[-1]) if len(ends) else 0
+    # position t of the packed row is token t - starts[its sequence] of that sequence
+    positions = torch.arange(T) - torch.repeat_interleave(starts, lengths)
+    present = keep[:, P:]
+    R = present.shape[1]
+    # response token j sits at start + n_prompt + j; its logits come from the position before it
+    logit_index = (starts + n_prompt - 1)[:, None] + torch.arange(R)[None, :]
+    logit_index = torch.where(present, logit_index, torch.zeros_like(logit_index))
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = ends.to(torch.int32)
+    return PackedRows(
+        rows=list(range(len(lengths))) if rows is None else [int(r) for r in rows],
+        input_ids=input_ids[keep].unsqueeze(0), position_ids=positions.unsqueeze(0),
+        cu_seqlens=cu, max_seqlen=int(lengths.max()) if len(lengths) else 0,
+        logit_index=logit_index, response_present=present, response_ids=input_ids[:, P:],
+        response_mask=response_mask)
+
 
 def pack_rows(batch: TrainBatch, rows: Sequence[int] | None = None) -> PackedRows:
     """Pack ``rows`` (default: all) of a right/left-padded :class:`TrainBatch`."""
     rows = list(range(len(batch))) if rows is None else [int(r) for r in rows]
-    P, R = batch.prompt_len, batch.response_len
-    resp_present = batch.attention_mask[:, P:].bool()
-    ids, pos, starts, lengths = [], [], [0], []
-    logit_index = torch.zeros(len(rows), R, dtype=torch.long)
-    for k, r in enumerate(rows):
-        keep = batch.attention_mask[r].bool()
-        seq = batch.input_ids[r][keep]
-        n_prompt = int(keep[:P].sum())
-        n_resp = int(resp_present[r].sum())
-        if n_prompt == 0:
-            raise ValueError(f"row {r} ({batch.uids[r]!r}) has no prompt token: nothing predicts its "
-                             "first response token")
-        offset = starts[-1]
-        # response token j sits at n_prompt + j; its logits come from the position before it
-        logit_index[k, :n_resp] = offset + n_prompt - 1 + torch.arange(n_resp)
-        ids.append(seq)
-        pos.append(torch.arange(seq.numel()))
-        lengths.append(seq.numel())
-        starts.append(offset + seq.numel())
     idx = torch.tensor(rows, dtype=torch.long)
-    return PackedRows(
-        rows=rows, input_ids=torch.cat(ids).unsqueeze(0), position_ids=torch.cat(pos).unsqueeze(0),
-        cu_seqlens=torch.tensor(starts, dtype=torch.int32), max_seqlen=max(lengths),
-        logit_index=logit_index, response_ids=batch.input_ids[idx, P:],
-        response_mask=batch.response_mask[idx])
+    return pack(batch.input_ids[idx], batch.attention_mask[idx], batch.response_mask[idx],
+                batch.prompt_len, rows)

@@ -22,7 +22,9 @@ class TrainerConfig:
     param_dtype: str = MISSING      # auto | bfloat16 | float32: compute dtype (auto: bf16 on GPU, fp32 on CPU)
     reduce_dtype: str = MISSING     # gradient reduction dtype
     gradient_checkpointing: bool = MISSING
-    attn_implementation: str = MISSING  # auto | sdpa | eager | flash_attention_2
+    attn_implementation: str = MISSING  # auto | sdpa | eager | flash_attention_2 | varlen (packed rows only)
+    remove_padding: str = MISSING   # auto | true | false: packed micro-batches, no padding (auto: on GPU)
+    liger: bool = MISSING           # Liger's Triton RMSNorm/SwiGLU/RoPE (CUDA, when liger-kernel is installed)
     logprob_chunk_tokens: int = MISSING  # >0: log-probs from hidden states in chunks (verl FusedLinearForPPO); 0: full logits
     compile_layers: bool = MISSING       # torch.compile each decoder layer before sharding it
     reshard_after_forward: bool = MISSING

@@ -6,9 +6,8 @@ rank's rows and the driver's :class:`~pipeline.trainer.plan.RankPlan`; it recomp
 log-probs (unless ``off_policy_correction=bypass``), then runs one optimiser step per mini-batch
 with gradient accumulation over the planned micro-batches.
 
-Row layout (``pipeline.algorithms.TrainBatch``): ``input_ids [B, P+R]`` with the prompt
-left-padded into the first P columns and the response right-padded into the last R, so the
-logits predicting the response are the last R+1 positions (``logits_to_keep``).
+The forward (padded or packed rows, the log-prob head, the attention and fused kernels set up
+before sharding) is pipeline/trainer/forward.py.
 """
 from __future__ import annotations
 
@@ -58,6 +57,9 @@ class TrainerWorker:
         if self.on_gpu and gpu_memory_fraction:
             torch.cuda.set_per_process_memory_fraction(gpu_memory_fraction, 0)
         self.optim_steps = 0
+        from pipeline.trainer.forward import flag
+
+        self.packed = flag("remove_padding", trainer_cfg.remove_padding, self.on_gpu)
 
     # ---- setup -------------------------------------------------------------------------
     def address(self) -> tuple[str, int]:
@@ -85,6 +87,8 @@ class TrainerWorker:
             self._load_optimizer(resume_dir)
         return {"backend": backend, "device": str(self.device),
                 "params": sum(p.numel() for p in self.model.parameters()),
+                "remove_padding": self.packed, "liger": self.liger,
+                "attn_implementation": self.model.config._attn_implementation,
                 # for perf/mfu/actor: the peak FLOP/s of this GPU model (pipeline/metric_names.py)
                 "device_name": torch.cuda.get_device_name(self.device) if self.on_gpu else None}
 
@@ -102,13 +106,14 @@ class TrainerWorker:
         meta_init = self.world_size > 1 and model_cfg.path != "tiny" and self.rank != 0
         model, self.tokenizer = _load(model_cfg, meta=meta_init)
         full = model.state_dict() if self.world_size > 1 and model_cfg.path != "tiny" else None
-        attn = self.cfg.attn_implementation
-        if attn == "auto":
-            attn = "flash_attention_2" if self.on_gpu and _has_flash_attn() else "sdpa"
+        from pipeline.trainer.forward import apply_liger, attention_implementation, install_log_prob_head
+
+        attn = attention_implementation(self.cfg.attn_implementation, self.packed, self.on_gpu)
         if hasattr(model, "set_attn_implementation"):
             model.set_attn_implementation(attn)
         else:
             model.config._attn_implementation = attn
+        self.liger = bool(self.cfg.liger) and apply_liger(model)
         if self.cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -132,7 +137,7 @@ class TrainerWorker:
         model.to(self.device)
         model.train()
         if self.cfg.logprob_chunk_tokens > 0:
-            _compute_log_probs_in_forward(model, self.cfg.logprob_chunk_tokens)
+            install_log_prob_head(model, self.cfg.logprob_chunk_tokens)
         self.model = model
 
     def _build_optimizer(self) -> None:
@@ -144,39 +149,11 @@ class TrainerWorker:
         warmup = max(1, math.ceil(o.warmup_ratio * self.total_optim_steps)) if o.warmup_ratio > 0 else 0
         self.scheduler = get_constant_schedule_with_warmup(self.optimizer, num_warmup_steps=warmup)
 
-    # ---- forward -----------------------------------------------------------------------
-    def _trim(self, rows: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
-        """Drop columns that are padding in every row of the micro-batch."""
-        attn = rows["attention_mask"]
-        R = rows["response_mask"].shape[1]
-        P = attn.shape[1] - R
-        has_tok = attn.bool().any(0)
-        left = int(torch.nonzero(has_tok[:P])[0]) if has_tok[:P].any() else P
-        resp_cols = torch.nonzero(has_tok[P:])
-        r_keep = max(1, int(resp_cols[-1]) + 1 if len(resp_cols) else 1)
-        out = {}
-        for k, v in rows.items():
-            out[k] = v[:, left:P + r_keep] if v.shape[1] == P + R else v[:, :r_keep]
-        return out, r_keep
-
     def _log_probs(self, mb: dict[str, torch.Tensor], with_entropy: bool):
-        from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+        from pipeline.trainer.forward import log_probs
 
-        mb, R = self._trim(mb)
-        ids = mb["input_ids"].to(self.device)
-        if self.cfg.logprob_chunk_tokens > 0:
-            logp, ent = self.model(input_ids=ids, attention_mask=mb["attention_mask"].to(self.device),
-                                   position_ids=mb["position_ids"].to(self.device), targets=ids[:, -R:],
-                                   temperature=self.temperature)
-            return mb, logp, (ent if with_entropy else None)
-        out = self.model(input_ids=ids, attention_mask=mb["attention_mask"].to(self.device),
-                         position_ids=mb["position_ids"].to(self.device), use_cache=False,
-                         logits_to_keep=R + 1)
-        # the sampler's log-probs are of logits / temperature; the ratio must compare like with like
-        logits = out.logits[:, :-1, :].float() / self.temperature
-        logp = logprobs_from_logits(logits, ids[:, -R:])
-        ent = entropy_from_logits(logits) if with_entropy else None
-        return mb, logp, ent
+        return log_probs(self.model, mb, self.device, self.temperature, self.cfg.logprob_chunk_tokens > 0,
+                         self.packed, with_entropy)
 
     # ---- one training step -------------------------------------------------------------
     def train_step(self, shard: dict[str, torch.Tensor], plan: RankPlan, global_seqs: list[int],
@@ -408,40 +385,6 @@ def _load(model_cfg: Any, meta: bool) -> tuple[torch.nn.Module, Any]:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust, dtype=torch.float32)
     return model, load_tokenizer(model_cfg)
-
-
-def _compute_log_probs_in_forward(model: torch.nn.Module, chunk_tokens: int) -> None:
-    """``model(input_ids, attention_mask, position_ids, targets, temperature)`` -> (log-probs,
-    entropy) of ``targets``, the last positions of ``input_ids``.
-
-    verl's FusedLinearForPPO turns the final hidden states into both, ``chunk_tokens`` rows at a
-    time, recomputing each chunk's logits in the backward: the [tokens, vocab] fp32 logits (20 GB
-    for 32k tokens at Qwen's vocabulary) never exist. It runs inside the root module's own forward
-    because that is where FSDP2 has gathered the root's parameters (lm_head, a tied embedding).
-    """
-    import types
-
-    from verl.utils.experimental.torch_functional import FusedLinearForPPO
-
-    head = FusedLinearForPPO(chunk_size=chunk_tokens)
-
-    def forward(self, input_ids, attention_mask, position_ids, targets, temperature):
-        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            use_cache=False).last_hidden_state
-        R = targets.shape[1]
-        # position t predicts token t+1: the hidden states before each target
-        logp, entropy = head(hidden[:, -(R + 1):-1, :], self.get_output_embeddings().weight, targets, temperature)
-        return logp.clone(), entropy.clone()  # views out of an FSDP module lose its backward hook to in-place ops
-
-    model.forward = types.MethodType(forward, model)
-
-
-def _has_flash_attn() -> bool:
-    try:
-        import flash_attn  # noqa: F401
-        return True
-    except Exception:
-        return False
 
 
 def _with_path(model_cfg: Any, path: str) -> Any:

@@ -120,3 +120,16 @@ def test_stored_answers_parse_pass_the_rules_and_keep_their_share():
                 assert (f"// bench variant {variant}" in parsed.code) == bool(variant)
     assert [env.stored(c) for c in range(1, 9)] == [False, False, False, True] * 2
     assert all(StoredAnswerEnv.stored(SimpleNamespace(share=1.0), c) for c in range(1, 5))
+
+
+def test_trainer_levers_expand_named_sets_and_run_liger_rows_last():
+    from bench.trainer_rl import LEVER_SETS, parse_levers
+
+    rows = parse_levers("qwen0.5b/packed+liger,issue19", "qwen0.5b", False)
+    assert len(rows) == 1 + len(LEVER_SETS["issue19"])
+    assert rows[-1] == dict(preset="qwen0.5b", layout="packed", compile=False, liger=True, ckpt=False)
+    assert rows[0] == dict(preset="qwen1.5b", layout="packed", compile=True, liger=False, ckpt=False)
+    assert parse_levers("", "qwen1.5b", True) == [dict(preset="qwen1.5b", layout="padded", compile=True,
+                                                       liger=False, ckpt=False)]
+    with pytest.raises(SystemExit, match="qwen0.5b/unpadded"):
+        parse_levers("qwen0.5b/unpadded", "qwen0.5b", False)

@@ -1,0 +1,129 @@
+"""The project's own RL step (``pipeline.trainer.worker.TrainerWorker.train_step``) for
+``bench.trainer --rl-step``, one row per lever set: the layout (``trainer.remove_padding``),
+``trainer.compile_layers``, ``trainer.liger`` and ``trainer.gradient_checkpointing``, at a preset's
+shape. Counted as in bench/trainer.py: real tokens only, 6 (8 with the old-log-prob forward) x
+(N_matmul x n + layers x hidden x n^2) per sequence.
+"""
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import torch
+
+from bench.trainer import PRESETS, matmul_params, sync
+
+
+def rl_step(args: Any, arch: dict[str, Any], lengths: list[int], device: torch.device, budget: int,
+            chunk: int, lever: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The project's own trainer step (pipeline.trainer.worker.TrainerWorker.train_step) on a
+    GRPO+ batch built by pipeline.algorithms.build_train_batch from synthetic samples: prompt
+    ``--prompt-len`` tokens, responses of the lengths above, 8 samples per task, random scores.
+    Its work per row: forward + backward, and a forward for the old log-probs of the rows after
+    the first mini-batch."""
+    from bench.weight_sync import group
+    from pipeline.algorithms import build_train_batch
+    from pipeline.algorithms.config import AlgorithmConfig
+    from pipeline.models.config import ModelConfig
+    from pipeline.sample import Sample
+    from pipeline.trainer import TrainerConfig, TrainerWorker, varlen
+    from pipeline.trainer.plan import plan_step
+    from pipeline.trainer.worker import free_port
+
+    over = {f"tiny.{k}": v for k, v in arch.items()}
+    over["tiny.max_position_embeddings"] = 32768
+    model_cfg = group(ModelConfig, "model/tiny", **over)
+    algo = group(AlgorithmConfig, "algorithm/grpo_plus", micro_batch_tokens=budget)
+    max_resp = max(lengths)
+    lever = lever or dict(layout="padded", compile=args.compile, liger=False, ckpt=False)
+    trainer_cfg = group(TrainerConfig, "trainer/fsdp2", logprob_chunk_tokens=chunk, compile_layers=lever["compile"],
+                        remove_padding=str(lever["layout"] == "packed").lower(), liger=lever["liger"],
+                        gradient_checkpointing=lever["ckpt"])
+    worker = TrainerWorker(0, 1, model_cfg, trainer_cfg, algo,
+                           max_response_length=max_resp, temperature=1.0, total_optim_steps=100)
+    info = worker.init("127.0.0.1", free_port())
+    rng = random.Random(1)
+    vocab = arch["vocab_size"]
+    samples = [Sample(uid=f"0/t{i // 8}/{i % 8}/0", step=0, task_id=f"t{i // 8}", traj=i % 8, turn=0,
+                      prompt_ids=[rng.randrange(vocab) for _ in range(args.prompt_len)],
+                      response_ids=[rng.randrange(vocab) for _ in range(r)], logprobs=[-5.0] * r,
+                      finish_reason="stop", score=rng.random(), policy_version=0)
+               for i, r in enumerate(lengths)]
+    batch = build_train_batch(samples, algo, max_resp, 0)
+    n_rows = int(batch.input_ids.shape[0])
+    lens = [int(x) for x in batch.attention_mask.sum(1)]
+    plan = plan_step(lens, [int(x) for x in batch.response_mask.sum(1)], 1, algo.ppo_mini_batches,
+                     algo.micro_batch_tokens)
+    from pipeline.trainer.worker import BATCH_KEYS
+
+    shard = {k: getattr(batch, k)[torch.tensor(plan.ranks[0].rows)] for k in BATCH_KEYS}
+    times = []
+    for i in range(args.warmup + args.steps):
+        sync(device)
+        t0 = time.perf_counter()
+        worker.train_step(shard, plan.ranks[0], plan.global_seqs, plan.global_tokens, max_resp)
+        sync(device)
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    worker.shutdown()
+    t = sorted(times)[len(times) // 2]
+    L, d, V = arch["num_hidden_layers"], arch["hidden_size"], arch["vocab_size"]
+    n_body = matmul_params(worker.model) - V * d
+    resp = [int(x) for x in batch.response_mask.sum(1)]
+    # forward + backward (3 passes' worth per token), and one forward more for the old log-probs
+    # of the rows after the first mini-batch (the first trains on the weights they come from);
+    # lm_head only on the response positions (logits_to_keep)
+    rank = plan.ranks[0]
+    later = {rank.rows[p] for mini in rank.mini_batches[1:] for micro in mini for p in micro}
+    flops = sum((8 if i in later else 6) * (n_body * n + V * d * r + L * d * n * n)
+                for i, (n, r) in enumerate(zip(lens, resp)))
+    # what the forwards ran over: each micro-batch padded to its longest row, or packed (real tokens)
+    P = batch.prompt_len
+    p_lens, r_lens = batch.attention_mask[:, :P].sum(1).tolist(), batch.attention_mask[:, P:].sum(1).tolist()
+    computed = sum(len(micro) * (max(p_lens[rank.rows[p]] for p in micro) + max(r_lens[rank.rows[p]] for p in micro))
+                   for mini in rank.mini_batches for micro in mini) if not info["remove_padding"] else sum(lens)
+    achieved = flops / t / 1e12
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
+    return {"layout": rl_label(budget, chunk, lever), "step_s": t, "tokens_per_s": sum(lens) / t,
+            "TFLOP/s": achieved, "mfu_vs_peak": achieved / args.peak_tflops if device.type == "cuda" else None,
+            "micro_batches": sum(len(m) for m in plan.ranks[0].mini_batches), "computed_tokens": computed,
+            "rows": n_rows, "peak_mem_gib": peak, "attn": info["attn_implementation"], "liger": info["liger"],
+            "varlen_kernel": varlen.kernel_available(device, torch.bfloat16) if info["remove_padding"] else None,
+            "params": info["params"]}
+
+
+def rl_label(budget: int, chunk: int, lever: dict[str, Any]) -> str:
+    extras = [k for k in ("compile", "liger", "ckpt") if lever.get(k)]
+    return (f"rl_step {lever.get('preset', '')}/{lever['layout']}{''.join('+' + k for k in extras)} "
+            f"(budget {budget}, logprob chunk {chunk or 'off'})")
+
+
+# the issue-19 matrix at a 32k-token budget, split so that each set fits one 8-minute device call
+# (a compiled row costs ~1.5-2.5 min with its compile; the padded baselines at 0.5B, eager and
+# compiled, are bench/results/h200/trainer_rl_32k*.json); within a set, the most telling row first
+LEVER_SETS = {
+    "issue19": ["qwen1.5b/packed+compile", "qwen0.5b/packed+compile", "qwen1.5b/packed", "qwen0.5b/packed"],
+    "issue19-liger": ["qwen1.5b/packed+compile+liger", "qwen0.5b/packed+compile+liger", "qwen1.5b/packed+liger"],
+    "issue19-scale": ["qwen3b/packed+compile+ckpt", "qwen3b/packed+compile", "qwen1.5b/packed+compile+ckpt",
+                      "qwen1.5b/padded+compile"],
+}
+
+
+def parse_levers(spec: str, default_preset: str, compiled: bool) -> list[dict[str, Any]]:
+    """``--rl-configs`` -> one dict per row (preset, layout, compile, liger, ckpt); liger rows last."""
+    if not spec:
+        return [dict(preset=default_preset, layout="padded", compile=compiled, liger=False, ckpt=False)]
+    items = [x for name in spec.split(",") for x in LEVER_SETS.get(name, [name]) if x]
+    out = []
+    for item in items:
+        preset, _, rest = item.partition("/")
+        layout, *flags = (rest or "padded").split("+")
+        if preset not in PRESETS or layout not in ("padded", "packed") or \
+                set(flags) - {"compile", "liger", "ckpt"}:
+            raise SystemExit(f"--rl-configs entry {item!r}: expected PRESET/LAYOUT[+compile][+liger][+ckpt] "
+                             f"with PRESET in {sorted(PRESETS)} and LAYOUT padded or packed, or one of "
+                             f"{sorted(LEVER_SETS)}")
+        out.append(dict(preset=preset, layout=layout, compile="compile" in flags, liger="liger" in flags,
+                        ckpt="ckpt" in flags))
+    return sorted(out, key=lambda lv: lv["liger"])  # stable: the given order within each group
