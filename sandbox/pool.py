@@ -344,7 +344,7 @@ class EvalPool:
         if self.cfg.cpu_run_slots is None:
             return None
         if self._cpu_gate is None:
-            self._cpu_gate = DeviceGate((None, "host"), self.cfg.cpu_run_slots)
+            self._cpu_gate = DeviceGate((None, "host"), self.cfg.cpu_run_slots, self.cfg.admission_overtake_s)
         return self._cpu_gate
 
     def _learn_footprint(self, tkey: str, profile: Any, cfg: EvalConfig) -> None:
@@ -695,7 +695,7 @@ class EvalPool:
                 share = self.cfg.gpu_memory_share
                 memory = _gpu_memory().get(g[0], 0) if share > 0 else 0
                 # budget 1: every step is admitted alone (the whole GPU, exclusive from the start)
-                self._gpu_gates[g[0]] = DeviceGate(g, max(int(memory * share), 1))
+                self._gpu_gates[g[0]] = DeviceGate(g, max(int(memory * share), 1), self.cfg.admission_overtake_s)
         return self._gpus
 
     async def _torch(self) -> str:
@@ -744,11 +744,13 @@ def _estimate(fp: dict[str, Any], cfg: EvalConfig) -> int | None:
 
     try:
         parts = [int(fp[k]) for k in ("input_bytes", "param_bytes", "output_bytes", "input_sets")]
+        peak = None if fp.get("peak_bytes") is None else int(fp["peak_bytes"])
     except (KeyError, TypeError, ValueError):
         return None
-    if min(parts) < 0:
+    if min(parts) < 0 or (peak is not None and peak < 0):
         return None
-    return step_estimate(Footprint(*parts[:3]), parts[3], cfg.gpu_flush_bytes, cfg.poison_bytes, cfg.gpu_context_bytes)
+    return step_estimate(Footprint(*parts[:3], peak), parts[3], cfg.gpu_flush_bytes, cfg.poison_bytes,
+                         cfg.gpu_context_bytes)
 
 
 def _gpu_memory() -> dict[int, int]:
