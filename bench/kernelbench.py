@@ -297,10 +297,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "(three outputs' worth per runner and the poison on top, as before 2026-12-04 17:00)")
     args = p.parse_args(argv)
     if args.estimate_without_peak:
-        import sandbox.pool
+        import sandbox.devices
 
-        measured = sandbox.pool._estimate
-        sandbox.pool._estimate = lambda fp, cfg: measured({**fp, "peak_bytes": None}, cfg)  # pool's own process
+        measured = sandbox.devices.estimate
+        sandbox.devices.estimate = lambda fp, cfg: measured({**fp, "peak_bytes": None}, cfg)  # pool's own process
     t0 = time.monotonic()
     deadline = t0 + args.budget_s if args.budget_s else None
     root = Path(args.root)

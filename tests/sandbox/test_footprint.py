@@ -61,7 +61,7 @@ def test_a_step_is_admitted_on_at_least_what_it_holds_at_the_least():
     """The estimate a GPU run step is admitted on before its task has measured peaks (the judge
     sends the meta-device footprint with its ready): never below the bare minimum the judge and both
     runners hold, and each part of the footprint raises it."""
-    from sandbox.pool import _estimate
+    from sandbox.devices import estimate as _estimate
     from sandbox.config import load_default_config
 
     cfg = load_default_config()
