@@ -131,14 +131,14 @@ async def test_a_step_that_fits_passes_a_young_head_that_does_not_and_never_an_o
     """Admission is in arrival order, but a footprint at the head that does not fit yet does not
     leave the device idle behind it: a later step that fits goes first while the head is younger
     than ``overtake_s``; past that the order is strict, so the head is never starved."""
-    gate = DeviceGate(("gpu", "9.0"), budget=100, overtake_s=0.3)
+    gate = DeviceGate(("gpu", "9.0"), budget=100, overtake_s=0.1)
     big = await gate.admit(70)
     head = asyncio.ensure_future(gate.admit(60))          # does not fit beside big
     await asyncio.sleep(0.01)
     small = await asyncio.wait_for(gate.admit(20), 1)     # fits: passes the young head
     assert not head.done() and gate.reserved == 90
     await gate.release(small)
-    await asyncio.sleep(0.35)                             # the head is old now
+    await asyncio.sleep(0.12)                             # the head is old now
     late = asyncio.ensure_future(gate.admit(20))
     await asyncio.sleep(0.05)
     assert not late.done() and not head.done(), "a step passed a head that waited past overtake_s"
