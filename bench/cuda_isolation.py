@@ -132,7 +132,7 @@ def child(measures: list[str], workdir: str) -> None:
 
 
 def run_row(name: str, measures: list[str], timeout: float) -> dict:
-    from sandbox.pool import scrubbed_env
+    from sandbox.launch import scrubbed_env
     with tempfile.TemporaryDirectory(prefix="cudaiso-") as wd:
         env = dict(os.environ)
         if "env" in measures:

@@ -11,7 +11,8 @@
 # per level, and the held window's parts (load, correctness, timing, ref_timing, part_*).
 # Each part stops launching evaluations at its share of the budget and waits --drain-s for those in
 # flight; what it did not run is listed in its JSON ("not_run", "cancelled") and the .md.
-# KB_SETS replaces the sandbox overrides below (space-separated key=value); KB_MAXC the evaluations in flight.
+# KB_SETS replaces the sandbox overrides below (space-separated key=value); KB_MAXC the evaluations in flight;
+# KB_ARGS more bench.kernelbench arguments (e.g. --estimate-without-peak for an A/B of the admission estimate).
 set -u
 budget=${1:-480}
 parts=${2:-selftest answers}
@@ -49,7 +50,7 @@ part() {  # part NAME BUDGET_S DRAIN_S ARGS...: bench.kernelbench under a hard l
   echo "=== $name: budget ${b}s, drain ${drain}s"
   timeout -k 10 $((b + drain + 45)) $py -m bench.kernelbench --root "$root" --backend cuda \
     --max-concurrent "$maxc" --max-big "$maxc" --budget-s "$b" --drain-s "$drain" --out "$out/kernelbench_$name.json" \
-    "${setargs[@]}" "$@" >"$out/kernelbench_$name.md" 2>"$out/kernelbench_$name.log"
+    "${setargs[@]}" ${KB_ARGS:-} "$@" >"$out/kernelbench_$name.md" 2>"$out/kernelbench_$name.log"
   echo "=== $name rc=$? in $((SECONDS - t0))s"
   cat "$out/kernelbench_$name.md"
   tail -n 6 "$out/kernelbench_$name.log"

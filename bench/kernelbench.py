@@ -292,7 +292,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--cached-rounds", type=int, default=1)
     p.add_argument("--footprint-only", action="store_true", help="meta-device footprint only, no sandbox")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="sandbox config override")
+    p.add_argument("--estimate-without-peak", action="store_true",
+                   help="A/B only: admit first steps on the estimate without the forward's measured peak "
+                        "(three outputs' worth per runner and the poison on top, as before 2026-12-04 17:00)")
     args = p.parse_args(argv)
+    if args.estimate_without_peak:
+        import sandbox.devices
+
+        measured = sandbox.devices.estimate
+        sandbox.devices.estimate = lambda fp, cfg: measured({**fp, "peak_bytes": None}, cfg)  # pool's own process
     t0 = time.monotonic()
     deadline = t0 + args.budget_s if args.budget_s else None
     root = Path(args.root)

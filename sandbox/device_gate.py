@@ -7,7 +7,10 @@ A run step's life on its device (docs/sandbox.md, "The device gate"):
    first step) before any of its processes touches the device; the reservations never add up past
    the budget, so no step pushes another out of memory. A step whose footprint is not known yet
    (a task's first step, a step re-run after a failure while sharing) is admitted *alone*: the
-   whole budget, exclusive from the start, as the first protocol held a GPU.
+   whole budget, exclusive from the start, as the first protocol held a GPU. Admission is in
+   arrival order, but a step that fits may go ahead of earlier ones that do not fit yet, as long
+   as each of those has waited less than ``overtake_s`` (so a large footprint at the head does not
+   leave the device idle behind it, and is never starved: past that, the order is strict).
 2. ``shared``: load and correctness; any number of admitted steps at once, none while an exclusive
    window is held or asked for (timing is never starved).
 3. ``exclusive``: timing. Its shared section is given back *before* it waits (two steps that each
@@ -18,12 +21,14 @@ A run step's life on its device (docs/sandbox.md, "The device gate"):
    ``release``: its processes are gone; its memory goes back.
 
 Pure asyncio bookkeeping (no library offers an asyncio readers-writer lock with byte admission):
-one condition, FIFO order for admission and for exclusive windows.
+one condition, arrival order (with the bounded overtaking above) for admission, FIFO for
+exclusive windows.
 """
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from typing import Any, Callable
 
 # what a grant is doing on its device
@@ -39,13 +44,14 @@ class Grant:
     state: str = ADMITTED
     overlapped: bool = False       # another step held a reservation on the device at the same time
     frozen: bool = False
+    queued_at: float = dataclasses.field(default_factory=time.monotonic)  # when it asked for admission
 
 
 class DeviceGate:
-    def __init__(self, token: Any, budget: int):
+    def __init__(self, token: Any, budget: int, overtake_s: float = 0.0):
         if budget < 1:
             raise ValueError(f"device gate budget {budget}: expected at least 1")
-        self.token, self.budget = token, int(budget)
+        self.token, self.budget, self.overtake_s = token, int(budget), float(overtake_s)
         self.reserved = 0
         self.holders: list[Grant] = []      # admitted and not yet released
         self._admit_queue: list[Grant] = []
@@ -65,21 +71,20 @@ class DeviceGate:
     # --- the step's life -----------------------------------------------------------------------
 
     async def admit(self, need: int | None, freeze: Callable[[bool], None] | None = None) -> Grant:
-        """Reserve ``need`` units (None, or more than the budget: the whole device, alone). FIFO: a
-        large request at the head is not overtaken by small ones behind it."""
+        """Reserve ``need`` units (None, or more than the budget: the whole device, alone). In
+        arrival order, but for requests that fit going ahead of earlier ones that do not, each of
+        which has waited less than ``overtake_s``."""
         alone = need is None or need >= self.budget
         grant = Grant(self.budget if alone else max(int(need), 0), alone, freeze)
         async with self._cond:
             self._admit_queue.append(grant)
             try:
-                await self._cond.wait_for(lambda: self._admit_queue[0] is grant
-                                          and self.reserved + grant.need <= self.budget
-                                          and (not grant.alone or not self.holders))
+                await self._cond.wait_for(lambda: self._may_admit(grant))
             except BaseException:
                 self._admit_queue.remove(grant)
                 self._cond.notify_all()
                 raise
-            self._admit_queue.pop(0)
+            self._admit_queue.remove(grant)
             self.reserved += grant.need
             if self.holders:
                 grant.overlapped = True
@@ -90,6 +95,21 @@ class DeviceGate:
                 grant.state = EXCLUSIVE
             self._cond.notify_all()
         return grant
+
+    def _fits(self, grant: Grant) -> bool:
+        return self.reserved + grant.need <= self.budget and (not grant.alone or not self.holders)
+
+    def _may_admit(self, grant: Grant) -> bool:
+        if not self._fits(grant):
+            return False
+        now = time.monotonic()
+        for ahead in self._admit_queue:
+            if ahead is grant:
+                return True
+            # an earlier request goes first if it fits, and may be passed only while it is young
+            if self._fits(ahead) or now - ahead.queued_at >= self.overtake_s:
+                return False
+        return False
 
     async def shared(self, grant: Grant) -> None:
         """Enter the shared section (an alone grant already holds the device)."""

@@ -9,6 +9,7 @@ user's own files (trusted), so they run here, under ``torch.device("meta")``.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ class Footprint:
     input_bytes: int        # get_inputs() on the meta device
     param_bytes: int        # Model's parameters and buffers
     output_bytes: int | None  # Model's forward on the meta device; None where an op has no meta kernel
+    peak_bytes: int | None = None  # the most bytes the forward's own tensors (outputs included) hold at once
 
     @property
     def minimum_bytes(self) -> int:
@@ -48,12 +50,78 @@ def measure(source: str, name: str = "task") -> Footprint:
         inputs = mod.get_inputs()
         model = mod.Model(*mod.get_init_inputs())
         params = nbytes([*model.parameters(), *model.buffers()]) if isinstance(model, torch.nn.Module) else 0
-        try:
-            with torch.no_grad():
-                out: int | None = nbytes(model(*inputs))
-        except Exception:  # noqa: BLE001 - an op without a meta kernel: the outputs stay unknown
-            out = None
-    return Footprint(nbytes(inputs), params, out)
+        external = [*inputs, *model.parameters(), *model.buffers()] if isinstance(model, torch.nn.Module) else inputs
+        out: int | None = None
+        peak: int | None = None
+        for track in (True, False):  # the peak is a refinement: a forward the mode trips still gives outputs
+            tracker = _LivePeak(external) if track else contextlib.nullcontext()
+            try:
+                with torch.no_grad(), tracker:
+                    result = model(*inputs)
+                out = nbytes(result)
+                del result
+                peak = tracker.peak if track else None
+                break
+            except Exception:  # noqa: BLE001 - an op without a meta kernel: the outputs stay unknown
+                continue
+    return Footprint(nbytes(inputs), params, out, peak)
+
+
+class _LivePeak:
+    """The peak of the bytes a forward's own tensors hold at once, on the meta device: every storage
+    an op returns (not an input's or a parameter's) counts from its creation until the last tensor
+    on it is gone. Written here because torch's memory tools (``torch.cuda.max_memory_allocated``,
+    the profiler) need a real device; a dispatch mode sees every op on meta. Workspaces inside a
+    kernel are not seen (the estimate adds one output's worth for them)."""
+
+    def __new__(cls, external: list[Any]) -> Any:
+        import weakref
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
+
+        import torch
+
+        class Mode(TorchDispatchMode):
+            def __init__(self) -> None:
+                super().__init__()
+                self.outside = {_storage_id(t) for t in tree_leaves(external) if isinstance(t, torch.Tensor)}
+                self.refs: dict[int, list[int]] = {}   # storage -> [tensors alive on it, bytes]
+                self.live = self.peak = 0
+
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                out = func(*args, **(kwargs or {}))
+                for t in tree_leaves(out):
+                    if isinstance(t, torch.Tensor):
+                        self._track(t)
+                return out
+
+            def _track(self, t: Any) -> None:
+                key = _storage_id(t)
+                if key in self.outside:
+                    return
+                entry = self.refs.get(key)
+                if entry is None:
+                    entry = self.refs[key] = [0, t.untyped_storage().nbytes()]
+                    self.live += entry[1]
+                    self.peak = max(self.peak, self.live)
+                entry[0] += 1
+                weakref.finalize(t, self._gone, key)
+
+            def _gone(self, key: int) -> None:
+                entry = self.refs.get(key)
+                if entry is None:
+                    return
+                entry[0] -= 1
+                if entry[0] <= 0:
+                    self.live -= entry[1]
+                    del self.refs[key]
+
+        return Mode()
+
+
+def _storage_id(t: Any) -> int:
+    return t.untyped_storage()._cdata
 
 
 def device_memory_bytes() -> list[int]:
@@ -81,12 +149,19 @@ def too_big(fp: Footprint, memory: int) -> str | None:
 def step_estimate(fp: Footprint, input_sets: int, flush_bytes: int, poison_bytes: int, context_bytes: int) -> int:
     """Device memory one run step may hold at once, from the meta-device footprint (before any step
     of the task has measured its peaks): the judge's input buffers, check set and fresh draw, its
-    copy of an output and its cache flush buffer; each runner's parameters and up to three outputs'
-    worth of results and intermediates; the NaN poison the candidate frees before a call; a CUDA
-    context per process. Generous on purpose: an estimate too small is caught only when a step
-    runs out of memory (and is then run again alone)."""
+    copy of an output and its cache flush buffer; each runner's parameters, the forward's peak of
+    live tensors (``peak_bytes``; outputs included) and one output's worth more for what a kernel
+    allocates inside (workspaces, the allocator's rounding); the NaN poison the candidate frees
+    before a call, which its caching allocator then hands to that call's tensors (counted once, as
+    the larger of the two); a CUDA context per process. Without a measured peak, three outputs'
+    worth per runner and the poison on top, as before the peak was measured. An estimate too small
+    is caught only when a step runs out of memory (and is then run again alone)."""
     inputs, outputs = fp.input_bytes, fp.output_bytes or 0
     poison = max(poison_bytes, min(2 * inputs, 8 << 30))  # as sandbox/run_step.py poisons
     judge = inputs * (input_sets + 2) + outputs + flush_bytes
-    runners = 2 * (fp.param_bytes + 3 * outputs) + poison
+    if fp.peak_bytes is None:
+        runners = 2 * (fp.param_bytes + 3 * outputs) + poison
+    else:
+        forward = max(fp.peak_bytes, outputs) + outputs
+        runners = 2 * fp.param_bytes + max(poison, forward) + forward
     return judge + runners + 3 * context_bytes

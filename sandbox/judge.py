@@ -161,11 +161,16 @@ class Runner:
                        ("forged_message",))
 
     def kill(self) -> None:
+        """SIGKILL and reap: once this returns the process, and its CUDA context, are gone."""
+        self.signal_kill()
+        self.reap()
+
+    def signal_kill(self) -> None:
+        """SIGKILL without waiting for the process to end (``kill`` reaps it)."""
         try:
             os.kill(self.pid, 9)
         except ProcessLookupError:
             pass
-        self.reap()
 
     def reap(self) -> int | None:
         try:

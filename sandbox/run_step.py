@@ -44,12 +44,23 @@ class RunStep:
             self.result["flags"] = sorted(set(self.result["flags"] + lost.flags))
             return self.result
         finally:
+            # The window (shared or exclusive) goes back once no answer code is left: the candidate
+            # and whatever it started are killed and reaped first (a process's CUDA context, with
+            # any work it queued after its last answer, is torn down before it can be reaped). The
+            # reference runner runs trusted code whose every call ended in a device-wide
+            # synchronise, so nothing of it is queued: it is killed at once (its teardown overlaps
+            # the candidate's) but reaped only after the window is back (docs/sandbox.md, "The
+            # device gate").
+            t = _perf_counter()
+            self.ref.signal_kill()
             self.cand.kill()
-            self.ref.kill()
-            sweep.kill_marked(os.environ.get(MARKER), everything=os.getpid() == 1)
-            if self.gate is not None:  # no answer code is left: the window (shared or exclusive) goes back
+            sweep.kill_marked(os.environ.get(MARKER), keep=[self.ref.pid], everything=os.getpid() == 1)
+            self._spent("teardown", t)
+            if self.gate is not None:
                 self.gate.done()
                 self.gate.close()
+            self.ref.kill()
+            sweep.kill_marked(os.environ.get(MARKER), everything=os.getpid() == 1)
 
     def _run(self) -> dict[str, Any]:
         from sandbox import protocol
@@ -142,7 +153,7 @@ class RunStep:
             return None
         sets = 1 if fp.input_bytes > _BIG_INPUTS else int(self.req.input_sets)
         return {"input_bytes": fp.input_bytes, "param_bytes": fp.param_bytes, "output_bytes": fp.output_bytes,
-                "input_sets": sets}
+                "peak_bytes": fp.peak_bytes, "input_sets": sets}
 
     def _spent(self, part: str, since: float) -> None:
         """Add the seconds since ``since`` to ``wall_s["part_<part>"]``: where a held window goes."""

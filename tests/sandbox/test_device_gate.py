@@ -89,7 +89,7 @@ async def test_shared_gate_times_alone_and_reruns_a_timeout_alone(sandbox_cfg):
     """Three run steps share the host's gate (cpu_run_slots=3) for load and correctness; every timing
     loop runs while no other step's answer runs; the answer that never returns timed out while
     others shared the gate, so it is run again alone before its timeout is its verdict."""
-    cfg = dataclasses.replace(sandbox_cfg, cpu_run_slots=3, max_concurrent=3, run_timeout_s=8)
+    cfg = dataclasses.replace(sandbox_cfg, cpu_run_slots=3, max_concurrent=3, run_timeout_s=6)
     answers = [_CALLS_ANSWER + f"\n# variant {i}\n" for i in range(2)] + [_LOOPING_ANSWER]
     async with EvalPool(cfg) as pool:
         results = await asyncio.gather(*[pool.evaluate(ADD, a, "cpu") for a in answers])

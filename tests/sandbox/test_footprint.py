@@ -1,6 +1,8 @@
 """A task's footprint on the meta device, and the load-time error for a task no GPU here can hold."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from rewards.config import load_reward_config
@@ -59,7 +61,7 @@ def test_a_step_is_admitted_on_at_least_what_it_holds_at_the_least():
     """The estimate a GPU run step is admitted on before its task has measured peaks (the judge
     sends the meta-device footprint with its ready): never below the bare minimum the judge and both
     runners hold, and each part of the footprint raises it."""
-    from sandbox.pool import _estimate
+    from sandbox.devices import estimate as _estimate
     from sandbox.config import load_default_config
 
     cfg = load_default_config()
@@ -67,9 +69,49 @@ def test_a_step_is_admitted_on_at_least_what_it_holds_at_the_least():
     est = footprint.step_estimate(fp, 2, cfg.gpu_flush_bytes, cfg.poison_bytes, cfg.gpu_context_bytes)
     assert est >= fp.minimum_bytes + 3 * cfg.gpu_context_bytes
     sent = {"input_bytes": fp.input_bytes, "param_bytes": fp.param_bytes, "output_bytes": fp.output_bytes,
-            "input_sets": 2}
+            "peak_bytes": fp.peak_bytes, "input_sets": 2}
     assert _estimate(sent, cfg) == est
-    for key in ("input_bytes", "param_bytes", "output_bytes", "input_sets"):
+    for key in ("input_bytes", "param_bytes", "output_bytes", "input_sets", "peak_bytes"):
         assert _estimate({**sent, key: sent[key] * 2}, cfg) > est, key
     assert _estimate({**sent, "output_bytes": None}, cfg) is None   # no estimate: admitted alone
     assert _estimate({**sent, "input_bytes": -1}, cfg) is None
+    assert _estimate({**sent, "peak_bytes": None}, cfg) > est       # unmeasured: three outputs' worth
+
+
+CHAIN = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        {body}
+
+
+def get_inputs():
+    return [torch.randn(8192, 8192)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+@pytest.mark.parametrize("body, peak", [("return torch.relu(x)", 1),                 # the output alone
+                                        ("return x * torch.sigmoid(x)", 2),          # one temporary beside it
+                                        ("a = x + 1\n        b = a * 2\n        c = b - 3\n        return a + b + c", 5),  # a, b, c, a + b and the output
+                                        ("return (x + 1).view(-1).relu_()", 1)])     # views and in-place: no new bytes
+def test_the_forward_peak_counts_live_tensors_and_sizes_the_estimate(body, peak):
+    """The most bytes the forward's own tensors hold at once, on the meta device (inputs and
+    parameters not counted): an elementwise task is admitted on less than three outputs' worth per
+    runner, and a forward that keeps temporaries alive on more."""
+    from sandbox.config import load_default_config
+
+    cfg = load_default_config()
+    n = 8192 * 8192 * 4
+    fp = footprint.measure(CHAIN.format(body=body))
+    assert fp.output_bytes == n and fp.peak_bytes == peak * n
+    est = footprint.step_estimate(fp, 2, cfg.gpu_flush_bytes, cfg.poison_bytes, cfg.gpu_context_bytes)
+    unmeasured = footprint.step_estimate(dataclasses.replace(fp, peak_bytes=None), 2, cfg.gpu_flush_bytes,
+                                         cfg.poison_bytes, cfg.gpu_context_bytes)
+    assert (est < unmeasured) if peak <= 2 else (est > unmeasured), (est, unmeasured)

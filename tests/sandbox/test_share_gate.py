@@ -125,3 +125,32 @@ async def test_a_cancelled_waiter_leaves_the_queues():
     after = asyncio.ensure_future(gate.admit(2))
     assert (await asyncio.wait_for(after, 1)).need == 2
     await gate.release(a)
+
+
+async def test_a_step_that_fits_passes_a_young_head_that_does_not_and_never_an_old_one():
+    """Admission is in arrival order, but a footprint at the head that does not fit yet does not
+    leave the device idle behind it: a later step that fits goes first while the head is younger
+    than ``overtake_s``; past that the order is strict, so the head is never starved."""
+    gate = DeviceGate(("gpu", "9.0"), budget=100, overtake_s=0.1)
+    big = await gate.admit(70)
+    head = asyncio.ensure_future(gate.admit(60))          # does not fit beside big
+    await asyncio.sleep(0.01)
+    small = await asyncio.wait_for(gate.admit(20), 1)     # fits: passes the young head
+    assert not head.done() and gate.reserved == 90
+    await gate.release(small)
+    await asyncio.sleep(0.12)                             # the head is old now
+    late = asyncio.ensure_future(gate.admit(20))
+    await asyncio.sleep(0.05)
+    assert not late.done() and not head.done(), "a step passed a head that waited past overtake_s"
+    await gate.release(big)
+    assert (await asyncio.wait_for(head, 1)).need == 60
+    assert (await asyncio.wait_for(late, 1)).need == 20   # then the rest, in order
+    strict = DeviceGate(("gpu", "9.0"), budget=100)       # overtake_s 0: strict arrival order
+    big = await strict.admit(70)
+    head = asyncio.ensure_future(strict.admit(60))
+    await asyncio.sleep(0.01)
+    small = asyncio.ensure_future(strict.admit(20))
+    await asyncio.sleep(0.05)
+    assert not small.done()
+    await strict.release(big)
+    await asyncio.wait_for(asyncio.gather(head, small), 1)

@@ -9,7 +9,7 @@ import json
 import os
 import textwrap
 
-from sandbox import pool as pool_module
+from sandbox import launch as launch_module
 from sandbox.pool import EvalPool
 from sandbox.worker import read_result_line, result_line, result_tag
 from tests.sandbox.conftest import fixture_source
@@ -45,7 +45,7 @@ def test_lines_without_the_right_tag_are_refused():
 
 async def test_a_worker_without_a_tagged_line_is_lost_as_one_that_wrote_nothing(sandbox_cfg, monkeypatch):
     # every line refused: the step is run again, then it is a sandbox error, as before for no line
-    monkeypatch.setattr(pool_module, "read_result_line", lambda line, key: None)
+    monkeypatch.setattr(launch_module, "read_result_line", lambda line, key: None)
     async with EvalPool(sandbox_cfg) as pool:
         res = await pool.evaluate(RELU, CORRECT, "cpu")
         assert pool.stats()["lost_workers"] == sandbox_cfg.lost_worker_retries + 1
@@ -58,7 +58,7 @@ async def test_the_key_is_nowhere_the_candidate_can_read(sandbox_cfg, monkeypatc
     # and its whole writable memory (which it was forked with: the harness's, and the outer
     # process's as it was when it forked the harness). Its source holds the two halves apart, and
     # its search never joins them, so only a copy it did not make can be found.
-    monkeypatch.setattr(pool_module, "_new_step_key", lambda: KEY)
+    monkeypatch.setattr(launch_module, "new_step_key", lambda: KEY)
     src = _SEEKER.format(a=KEY[:16].hex(), b=KEY[16:].hex())
     async with EvalPool(sandbox_cfg) as pool:
         res = await pool.evaluate(RELU, src, "cpu")

@@ -1,0 +1,159 @@
+"""The pool's build cache: compile steps by content hash (a repeated or concurrent identical answer
+never rebuilds: a future per key in this pool, a file lock across pools), and the precompiled
+headers the trusted pool builds for flag sets that builds keep asking for (docs/sandbox.md,
+"Compile cost"). The pool owns one; compile steps run through sandbox/launch.py.
+"""
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+import shutil
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from sandbox.build import pch_allowed
+from sandbox.config import EvalConfig
+from sandbox.launch import PROJECT_ROOT, Launcher, over_quota, release_transport, scrubbed_env, step_result
+
+# Compile verdicts that depend only on the source: cached with the build.
+CACHEABLE_FAILURES = ("compile_error", "load_error")
+
+
+class BuildCache:
+    """``await ensure_built(...)``: the compile verdict of an answer, from the cache or a compile step."""
+
+    def __init__(self, cfg: EvalConfig, cache: Path, launcher: Launcher, stats: Counter[str]):
+        self.cfg, self.cache, self.launcher, self.stats = cfg, cache, launcher, stats
+        self.compile_slots = asyncio.Semaphore(cfg.compile_workers)
+        self.building: dict[str, asyncio.Task] = {}
+        self.pch_building: dict[str, asyncio.Task] = {}
+        self._pch_requests: Counter[str] = Counter()
+        self.compile_times: list[float] = []
+        self.closed = False
+
+    async def headers_ready(self) -> None:
+        """Wait for the precompiled headers being built (benchmarks: measure the steady state)."""
+        await asyncio.gather(*self.pch_building.values(), return_exceptions=True)
+
+    async def aclose(self) -> None:
+        self.closed = True
+        for task in list(self.building.values()) + list(self.pch_building.values()):
+            task.cancel()
+
+    async def drain(self) -> None:
+        await asyncio.gather(*self.building.values(), *self.pch_building.values(), return_exceptions=True)
+
+    async def ensure_built(self, bkey: str, cand_src: str, backend: str, arch: str, cfg: EvalConfig,
+                            eval_dir: Path) -> dict[str, Any]:
+        """The compile verdict for ``bkey``: from the cache, from a build in flight, or by building."""
+        marker = self.cache / "builds" / f"{bkey}.json"
+        if marker.exists():
+            self.stats["cache_hits"] += 1
+            return {**json.loads(marker.read_text()), "cache_hit": True}
+        if not needs_compile_step(cand_src):
+            return {"stage": "compile"}
+        task = self.building.get(bkey)
+        if task is not None:
+            self.stats["deduplicated_builds"] += 1
+            verdict = await asyncio.shield(task)
+            return {**verdict, "cache_hit": True}
+        task = asyncio.ensure_future(self._build(bkey, cand_src, backend, arch, cfg, eval_dir, marker))
+        self.building[bkey] = task
+        task.add_done_callback(lambda _t: self.building.pop(bkey, None))
+        return await asyncio.shield(task)
+
+    async def _build(self, bkey: str, cand_src: str, backend: str, arch: str, cfg: EvalConfig,
+                     eval_dir: Path, marker: Path) -> dict[str, Any]:
+        async with self.compile_slots:
+            lock_fd = await self._lock(self.cache / "builds" / f"{bkey}.lock")
+            try:
+                if marker.exists():  # another pool built it while we waited
+                    self.stats["cache_hits"] += 1
+                    return {**json.loads(marker.read_text()), "cache_hit": True}
+                remove_stale_batons(self.cache / "builds" / bkey, older_than_s=0.0)
+                req = dict(mode="compile", candidate_src=cand_src, backend=backend, device="cpu",
+                           trials=cfg.correctness_trials, cpu_threads=cfg.cpu_threads)
+                t = time.monotonic()
+                out = await self.launcher.step(req, "compile", bkey, eval_dir / "compile", bkey[:10], cfg, backend,
+                                       None, arch, cfg.compile_timeout_s)
+                res = step_result(out, "compile", cfg)
+                seconds = round(time.monotonic() - t, 3)
+                verdict = {k: v for k, v in res.to_dict().items()
+                           if k in ("stage", "compiled", "error_kind", "error", "log_tail")}
+                verdict["wall_s"] = {"compile": seconds}
+                if res.error_kind is None:
+                    over = await asyncio.to_thread(over_quota, self.cache / "builds" / bkey, cfg)
+                    if over:  # files the answer's build left behind beyond what any build needs
+                        await asyncio.to_thread(shutil.rmtree, self.cache / "builds" / bkey, True)
+                        verdict.update(compiled=False, error_kind="compile_error", error=over)
+                        res.error_kind = "compile_error"
+                if res.error_kind is None:
+                    self.compile_times.append(seconds)
+                    self.stats["compiles"] += 1
+                if res.error_kind is None or res.error_kind in CACHEABLE_FAILURES:
+                    marker.write_text(json.dumps(verdict))
+                wanted = (out.data or {}).get("pch_wanted", [])
+                for flags in wanted if isinstance(wanted, list) else []:
+                    # a compile step ran the answer in its own process: its report is re-checked here
+                    if isinstance(flags, list) and all(isinstance(f, str) for f in flags) and pch_allowed(flags):
+                        self.schedule_pch(flags)
+                return verdict
+            finally:
+                fcntl.flock(lock_fd, fcntl.LOCK_UN)
+                os.close(lock_fd)
+
+    async def _lock(self, path: Path) -> int:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                await asyncio.sleep(0.2)
+
+    def schedule_pch(self, flags: list[str]) -> None:
+        if not self.cfg.precompiled_header or self.closed or not pch_allowed(flags):
+            return
+        k = json.dumps(flags)
+        self._pch_requests[k] += 1
+        existing = sum(1 for p in (self.cache / "pch").iterdir() if not p.name.startswith("."))
+        if (k in self.pch_building or self._pch_requests[k] < self.cfg.pch_min_builds
+                or existing + len(self.pch_building) >= self.cfg.pch_max_sets):
+            return
+        self.pch_building[k] = asyncio.ensure_future(self._build_pch(flags))
+
+    async def _build_pch(self, flags: list[str]) -> None:
+        """Trusted (unsandboxed) build of torch/extension.h for one flag set, off the critical path."""
+        async with self.compile_slots:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "sandbox.build", "--pch-root", str(self.cache / "pch"),
+                "--cflags", json.dumps(flags), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                env=scrubbed_env({"PYTHONPATH": PROJECT_ROOT, "HOME": str(self.cache)}), start_new_session=True)
+            self.launcher.live.add(proc)
+            try:
+                out, err = await proc.communicate()
+                self.stats["pch_built" if proc.returncode == 0 else "pch_failed"] += 1
+            finally:
+                self.launcher.live.discard(proc)
+                release_transport(proc)
+
+
+def needs_compile_step(src: str) -> bool:
+    # Only C++/CUDA builds are worth a process of their own; Triton compiles at first call.
+    return "cpp_extension" in src or "load_inline" in src
+
+
+def remove_stale_batons(build_dir: Path, older_than_s: float) -> None:
+    """torch's FileBaton ('<ext>/lock') survives a killed build and makes the next one wait forever."""
+    now = time.time()
+    for lock in build_dir.glob("*/lock"):
+        try:
+            if now - lock.stat().st_mtime >= older_than_s:
+                lock.unlink()
+        except OSError:
+            continue

@@ -1,0 +1,69 @@
+"""The GPUs a pool sees (index, compute capability, memory) and what a run step reserves on one
+before its task has measured its peaks (sandbox/footprint.py's estimate from the judge's report).
+nvidia-smi is asked, not torch: the pool's process never imports torch or starts CUDA.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from typing import Any
+
+from sandbox.config import EvalConfig
+
+
+def detect_gpus() -> list[tuple[int, str]]:
+    """(index, compute capability) of each visible GPU, from nvidia-smi; [] without one."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    try:
+        out = subprocess.run([exe, "--query-gpu=index,compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return []
+    gpus = []
+    for line in out.strip().splitlines():
+        idx, _, cap = line.partition(",")
+        if idx.strip().isdigit():
+            gpus.append((int(idx), cap.strip()))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() != "":
+        keep = [int(v) for v in visible.split(",") if v.strip().isdigit()]
+        gpus = [g for g in gpus if g[0] in keep]
+    return gpus
+
+
+def estimate(fp: dict[str, Any], cfg: EvalConfig) -> int | None:
+    """Bytes to admit a step on from the judge's meta-device footprint (sandbox.footprint)."""
+    from sandbox.footprint import Footprint, step_estimate
+
+    try:
+        parts = [int(fp[k]) for k in ("input_bytes", "param_bytes", "output_bytes", "input_sets")]
+        peak = None if fp.get("peak_bytes") is None else int(fp["peak_bytes"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if min(parts) < 0 or (peak is not None and peak < 0):
+        return None
+    return step_estimate(Footprint(*parts[:3], peak), parts[3], cfg.gpu_flush_bytes, cfg.poison_bytes,
+                         cfg.gpu_context_bytes)
+
+
+def gpu_memory() -> dict[int, int]:
+    """Total memory of each GPU by nvidia-smi index; {} without one."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return {}
+    try:
+        out = subprocess.run([exe, "--query-gpu=index,memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return {}
+    found = {}
+    for line in out.strip().splitlines():
+        idx, _, mib = line.partition(",")
+        try:
+            found[int(idx)] = int(float(mib)) * 2**20
+        except ValueError:
+            continue
+    return found
