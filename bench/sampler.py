@@ -252,6 +252,7 @@ def main() -> None:
     p.add_argument("--hf-batch", type=int, default=32)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.35)
     p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--skip-worker", action="store_true", help="no SamplerWorker (Ray actor) row")
     p.add_argument("--cpu-threads", type=int, default=1,
                    help="torch threads on CPU, in process and in the actor alike (a fair comparison)")
     args = p.parse_args()
@@ -267,6 +268,8 @@ def main() -> None:
     model_cfg, rollout = configs(args)
     rows = asyncio.run(in_process(args, model_cfg, rollout))
     threads = str(args.cpu_threads)
+    if args.skip_worker:  # the in-process rows only (a device call with little time: no Ray, no second engine)
+        return finish(args, rows)
     ray.init(num_cpus=4, num_gpus=1 if torch.cuda.is_available() else 0, include_dashboard=False,
              log_to_driver=True, runtime_env={"env_vars": {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
                                                            "TOKENIZERS_PARALLELISM": "false"}})
@@ -275,6 +278,10 @@ def main() -> None:
         progress("sampler", rows[-1])
     finally:
         ray.shutdown()
+    finish(args, rows)
+
+
+def finish(args: Any, rows: list[dict[str, Any]]) -> None:
     base = rows[0]["tokens_per_s"]
     for r in rows:
         r["overhead"] = 1.0 - r["tokens_per_s"] / base
