@@ -26,16 +26,17 @@
 # trajectories, 512 tokens) was 7x unbalanced: the second turn's generation waited for the first
 # turn's sandbox scores (32-42 s each on the shared GPU) while training took 6.4 s. So the default
 # is one turn (generation never waits for a score; the reward phase is the tail after the last
-# token), 64 trajectories x 3 tasks x 1024 tokens (~190 k generated and ~0.6 M trained tokens a
-# batch) and about 4 sandboxed evaluations a batch (SHARE). TURNS, NTRAJ, RESP, SHARE move it.
+# token), 128 trajectories x 3 tasks x 512 tokens (~200 k generated and ~1 M trained tokens a batch:
+# the prompts are ~2 k tokens with the tiny tokenizer) and about 6 sandboxed evaluations a batch
+# (SHARE), 4 steps per k. TURNS, NTRAJ, RESP, SHARE, STEPS move it.
 set -u
 out=${OUT:-/tmp/bench_out}
 mkdir -p "$out"
 export PYTHONPATH=/tmp/site:/tmp/vsite:$PWD PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 \
        TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
        RAY_DEDUP_LOGS=0 WANDB_MODE=disabled
-KS=${KS:-0,1} STEPS=${STEPS:-5} SHARE=${SHARE:-0.0208} BUDGET=${BUDGET:-0} LIMIT=${LIMIT:-440}
-TURNS=${TURNS:-1} NTRAJ=${NTRAJ:-64} RESP=${RESP:-1024}
+KS=${KS:-0,1} STEPS=${STEPS:-4} SHARE=${SHARE:-0.0156} BUDGET=${BUDGET:-0} LIMIT=${LIMIT:-440}
+TURNS=${TURNS:-1} NTRAJ=${NTRAJ:-128} RESP=${RESP:-512}
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv >"$out/gpu.txt" 2>&1
 timeout -k 15 "$LIMIT" python3 -m bench.pipeline --ks "$KS" --steps "$STEPS" --budget-s "$BUDGET" \
   --stored-answers --answer-share "$SHARE" --run-root "$out/runs" --out "$out/pipeline_vllm_kernel.json" -- \
