@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 from omegaconf import MISSING
 
 from pipeline import checkpoint
-from pipeline.metrics import eval_latency_metrics, sandbox_metrics, score_metrics
+from pipeline.metrics import env_metrics, eval_latency_metrics, score_metrics
 from pipeline.parts import CheckpointSettings, Logger, Samplers, Trainer, WeightPush
 from pipeline.sample import Sample
 from pipeline.staleness import (POLICIES, lag_metrics, over_bound, pending_by_step, resolve_staleness,
@@ -351,7 +351,7 @@ class Loop:
         m: dict[str, float] = dict(trained.rollout)
         m.update(self.p.rollout_metrics(trained.samples))
         m.update(score_metrics(trained.samples))
-        m.update(sandbox_metrics(trained.samples, trained.wall))
+        m.update(env_metrics(trained.samples, trained.wall))
         t_gen = gen.wall if gen is not None else 0.0
         m["timing/gen"] = (gen.last_token - gen.t_start) if gen is not None else 0.0
         m["timing/reward_tail"] = gen.reward_tail if gen is not None else 0.0

@@ -8,7 +8,6 @@ other, each with its own run dir, W&B run and Ray session.
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import sys
 from pathlib import Path
@@ -20,33 +19,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline import checkpoint
 from pipeline.config import Config, ConfigError, check, check_required, register, resolved_profile
+from rewards.interface import env_spec
 
 register()
-
-
-def make_kernel_env(reward_cfg: Any, sandbox_cfg: Any, eval_gpus: list[list[int]] | None = None,
-                    worker_index: int = 0) -> Any:
-    """Built inside each sampler actor: the kernel env and its own evaluation pool, timing on
-    the dedicated evaluation GPUs given to this worker when resources.evaluator.gpus > 0."""
-    from rewards.env import KernelEnv
-
-    if eval_gpus:
-        sandbox_cfg = OmegaConf.merge(sandbox_cfg, {"gpu_ids": list(eval_gpus[worker_index])})
-    return KernelEnv.from_config(reward_cfg, sandbox_cfg)
-
-
-def env_spec(cfg: Config, eval_gpus: list[list[int]] | None = None) -> Any:
-    if cfg.env == "toy":
-        return {"_target_": "rewards.toy.ToyEnv", "target": cfg.toy.target,
-                "n_tasks": cfg.toy.n_tasks, "n_holdout": cfg.toy.n_holdout,
-                "delay_s": cfg.toy.delay_s}
-    spec = functools.partial(_kernel_env_of_worker, cfg.reward, cfg.sandbox, eval_gpus)
-    spec.per_worker = True  # type: ignore[attr-defined]  # build_env passes the worker's index
-    return spec
-
-
-def _kernel_env_of_worker(reward_cfg: Any, sandbox_cfg: Any, eval_gpus: Any, worker_index: int) -> Any:
-    return make_kernel_env(reward_cfg, sandbox_cfg, eval_gpus, worker_index)
 
 
 def evaluator_gpus(pools: Any) -> list[list[int]] | None:
@@ -89,11 +64,13 @@ class Session:
     def __init__(self, cfg: Config, run_dir: Path, resolved: dict[str, Any],
                  run_name: str | None = None, group: str | None = None,
                  env_factory: Any = None) -> None:
-        """``env_factory(cfg, eval_gpus)``: the samplers' env spec in place of :func:`env_spec`
-        (bench/pipeline.py gives the kernel env stored answers to evaluate)."""
+        """``env_factory(cfg, eval_gpus)``: the samplers' env spec in place of
+        ``rewards.interface.env_spec`` (bench/pipeline.py gives the kernel env stored answers to
+        evaluate)."""
         self.closers: list[Any] = []
         self.run_name, self.group = run_name or str(cfg.name), group
-        self.env_factory = env_factory or env_spec
+        self.env_factory = env_factory or (
+            lambda c, eval_gpus: env_spec(c.env, c.reward, c.sandbox, c.toy, eval_gpus))
         try:
             self._build(cfg, run_dir, resolved)
         except BaseException:

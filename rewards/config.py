@@ -1,4 +1,5 @@
-"""Schema of the reward configuration. Types only: values live in conf/reward/<name>.yaml."""
+"""Schemas of the environments' configurations (the kernel env's ``reward`` group and the toy
+env's ``toy`` group). Types only: values live in conf/reward/<name>.yaml and conf/toy/default.yaml."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -40,6 +41,16 @@ class RewardConfig:
     max_answer_chars: int = MISSING     # longer responses are rejected as too_long
     max_summary_chars: int = MISSING    # summary kept for later turns
     rules: RulesConfig = field(default_factory=RulesConfig)
+
+
+@dataclass
+class ToyEnvConfig:
+    """rewards.toy.ToyEnv (env=toy): a reward a tiny random model learns in a few steps."""
+
+    target: str = MISSING
+    n_tasks: int = MISSING
+    n_holdout: int = MISSING
+    delay_s: float = MISSING
 
 
 def _load_group_yaml(name: str, seen: tuple[str, ...] = ()) -> Any:

@@ -65,14 +65,14 @@ def test_each_sampler_worker_env_gets_its_share(monkeypatch):
     from omegaconf import OmegaConf
 
     import rewards.env
-    from pipeline.main import env_spec
     from pipeline.sampler import build_env
+    from rewards.interface import env_spec
 
     seen = []
     monkeypatch.setattr(rewards.env.KernelEnv, "from_config",
                         classmethod(lambda cls, reward, sandbox: seen.append(list(sandbox.gpu_ids))))
     cfg = OmegaConf.create({"env": "kernel", "reward": {}, "sandbox": {"gpu_ids": []}})
-    spec = env_spec(cfg, [[6], [7]])
+    spec = env_spec(cfg.env, cfg.reward, cfg.sandbox, None, [[6], [7]])
     build_env(spec, 1)
-    build_env(env_spec(cfg), 0)  # no evaluation pool: the config's own gpu_ids
+    build_env(env_spec(cfg.env, cfg.reward, cfg.sandbox, None), 0)  # no evaluation pool: the config's own gpu_ids
     assert seen == [[7], []]
