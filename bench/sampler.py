@@ -1,6 +1,6 @@
 """Sampler overhead: tokens/s of a generation engine alone, through the episode driver
 (``pipeline.rollout.stream_episodes``, in process) and through a ``SamplerWorker`` Ray actor
-(``SamplerPool``: the whole sampling path the loop uses), on the same requests. With vLLM the
+(``SamplerGroup``: the whole sampling path the loop uses), on the same requests. With vLLM the
 first row is bare vLLM: ``LLM.generate`` of the same engine object on the same token-id prompts
 with the same sampling parameters, the reference every overhead is taken against.
 
@@ -172,13 +172,13 @@ async def engine_counters(pool: Any) -> dict[str, float]:
 
 
 async def in_worker(args: Any, model_cfg: Any, rollout: Any) -> dict[str, Any]:
-    from pipeline.sampler import SamplerPool
+    from pipeline.sampler import SamplerGroup
 
     import torch
 
     gpus = 1.0 if torch.cuda.is_available() else 0.0
     env_spec = {"_target_": "rewards.toy.ToyEnv", "n_tasks": args.tasks}
-    pool = SamplerPool(model_cfg, rollout, env_spec, n_workers=1, num_cpus=1, num_gpus=gpus)
+    pool = SamplerGroup(model_cfg, rollout, env_spec, n_workers=1, num_cpus=1, num_gpus=gpus)
     try:
         _, tasks = toy_tasks(args.tasks)
         await through_worker(pool, tasks, 0)  # warm-up

@@ -26,7 +26,7 @@ from pipeline.evaluate_config import EvaluateConfig
 from pipeline.loop import PipelineConfig
 from pipeline.metrics import LoggerConfig
 from pipeline.models.config import ModelConfig
-from pipeline.pools import ResourcesConfig
+from pipeline.resources import ResourcesConfig
 from pipeline.rollout import RolloutConfig
 from pipeline.sft import SftConfig
 from pipeline.trainer.config import TrainerConfig
@@ -177,7 +177,7 @@ def _check_model_path(model: Any) -> None:
 
 def _check_local_gpus(resources: Any) -> None:
     """A local Ray cluster gets this machine's GPUs: a split that cannot fit fails before Ray starts
-    (a remote cluster is checked by create_pools once its resources are known)."""
+    (a remote cluster is checked by create_resource_pools once its resources are known)."""
     if resources.ray.address is not None:
         return
     gpus = resources.ray.num_gpus
@@ -187,6 +187,6 @@ def _check_local_gpus(resources: Any) -> None:
         import torch
 
         gpus = torch.cuda.device_count()
-    from pipeline.pools import plan_pools
+    from pipeline.resources import plan_resources
 
-    plan_pools(resources, {"GPU": float(gpus), "CPU": float("inf")})
+    plan_resources(resources, {"GPU": float(gpus), "CPU": float("inf")})

@@ -116,8 +116,8 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, float]:
 
 def run_samples(cfg: DictConfig, run_dir: str | Path) -> tuple[list[Sample], dict[str, float]]:
     """:func:`run`, also returning every generated Sample."""
-    from pipeline.pools import init_ray, plan_pools
-    from pipeline.sampler import SamplerPool
+    from pipeline.resources import init_ray, plan_resources
+    from pipeline.sampler import SamplerGroup
 
     import ray
 
@@ -135,10 +135,11 @@ def run_samples(cfg: DictConfig, run_dir: str | Path) -> tuple[list[Sample], dic
                        else conf.rollout.temperature)
     started = init_ray(conf.resources)
     try:
-        plan = plan_pools(conf.resources, ray.cluster_resources())
-        pool = SamplerPool(model_cfg, rollout, env_spec(conf.env, conf.reward, conf.sandbox, conf.toy), n_workers=plan.n_samplers,
-                           num_cpus=plan.sampler_bundles[0]["CPU"],
-                           num_gpus=plan.sampler_gpus_per_worker)
+        plan = plan_resources(conf.resources, ray.cluster_resources())
+        env = env_spec(conf.env, conf.reward, conf.sandbox, conf.toy)
+        pool = SamplerGroup(model_cfg, rollout, env, n_workers=plan.n_samplers,
+                            num_cpus=plan.sampler_bundles[0]["CPU"],
+                            num_gpus=plan.sampler_gpus_per_worker)
         try:
             tasks = ray.get(pool.workers[0].tasks.remote(ev.split))
             if ev.max_tasks > 0:

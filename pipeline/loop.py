@@ -47,6 +47,7 @@ class PipelineConfig:
     task_split: str = MISSING        # the env split to train on
     shuffle_tasks: bool = MISSING    # new task order each pass over the split (seeded)
     weight_sync: str = MISSING       # auto | object_store | cuda_ipc | broadcast
+    weight_sync_timeout_s: float = MISSING  # forming the broadcast group, at most
     initial_weight_sync: bool = MISSING  # push the trainer's weights before the first batch
     verify_weight_sync: bool = MISSING   # compare per-tensor checksums of engine and trainer after each push
     progress: bool = MISSING         # progress bars on generation / training
@@ -69,14 +70,14 @@ def batch_tasks(tasks: list[Any], batch: int, k: int, seed: int, shuffle: bool) 
 
 
 @dataclass
-class Generated:
+class GeneratedBatch:
     step: int
     version: int                     # what the samplers held when the batch started
     samples: list[Sample]
     t_start: float
     t_end: float
     last_token: float                # last generated token of the batch
-    rollout: dict[str, float] = field(default_factory=dict)  # the sampler pool's batch stats
+    rollout: dict[str, float] = field(default_factory=dict)  # the sampler group's batch stats
     gen_wait: float = 0.0            # seconds the batch waited for a version within the bound
 
     @property
@@ -92,7 +93,7 @@ class Generated:
 class LoopParts:
     """What the loop drives; built by pipeline.main (or a test: fakes satisfy the Protocols)."""
 
-    samplers: Samplers               # SamplerPool
+    samplers: Samplers               # SamplerGroup
     trainer: Trainer                 # TrainerGroup
     weight_sync: WeightPush          # pipeline.weight_sync.make_weight_sync
     tasks: list[Any]                 # TaskRefs of the training split
@@ -132,7 +133,7 @@ class Loop:
         if cfg.staleness_policy not in POLICIES:
             raise ValueError(f"pipeline.staleness_policy={cfg.staleness_policy!r}: expected one of "
                              f"{POLICIES}")
-        self.cfg, self.p = cfg, parts
+        self.cfg, self.parts = cfg, parts
         self.timeline_every = timeline_every
         self.start_step, self.version, self.pending = start_step, version, pending
         self.sampler_version = version   # what the samplers hold: the trainer's until a step trains
@@ -141,8 +142,8 @@ class Loop:
         self.events: list[tuple[str, int, int]] = []
         self._drawer: ThreadPoolExecutor | None = None
         self._pending_draws: list[Future] = []
-        self._ready: dict[int, Generated] = {}
-        self._done: list[Generated] = []  # in completion order (step timing)
+        self._ready: dict[int, GeneratedBatch] = {}
+        self._done: list[GeneratedBatch] = []  # in completion order (step timing)
         self._gen_error: BaseException | None = None
         self.stop_requested = False
 
@@ -152,15 +153,15 @@ class Loop:
         print("[pipeline] stop requested: finishing this step, then a checkpoint", file=sys.stderr, flush=True)
 
     # ---- the three parts ---------------------------------------------------------------
-    async def generate(self, step: int, version: int, tasks: list[Any] | None = None) -> Generated:
+    async def generate(self, step: int, version: int, tasks: list[Any] | None = None) -> GeneratedBatch:
         if tasks is None:
-            tasks = batch_tasks(self.p.tasks, step, self.cfg.tasks_per_batch, self.cfg.seed,
+            tasks = batch_tasks(self.parts.tasks, step, self.cfg.tasks_per_batch, self.cfg.seed,
                                 self.cfg.shuffle_tasks)
         self.events.append(("gen", step, version))
         samples: list[Sample] = []
-        bar = _bar(self.cfg.progress, self.p.expected_samples, f"gen {step}")
+        bar = _bar(self.cfg.progress, self.parts.expected_samples, f"gen {step}")
         t0 = time.time()
-        async for s in self.p.samplers.generate(step, tasks, version):
+        async for s in self.parts.samplers.generate(step, tasks, version):
             samples.append(s)
             if bar is not None:
                 bar.update(1)
@@ -169,22 +170,22 @@ class Loop:
             bar.close()
         last_token = max((s.t_gen_end for s in samples if s.t_gen_end), default=t1)
         first = min((s.t_gen_start for s in samples if s.t_gen_start), default=t0)
-        self.p.timeline.add("sampler", "gen", step, first, last_token)
-        self.p.timeline.add_rewards(step, [(s.t_gen_end, s.t_eval_end) for s in samples
+        self.parts.timeline.add("sampler", "gen", step, first, last_token)
+        self.parts.timeline.add_rewards(step, [(s.t_gen_end, s.t_eval_end) for s in samples
                                            if s.t_gen_end and s.t_eval_end])
-        stats = getattr(self.p.samplers, "last_stats", None)
+        stats = getattr(self.parts.samplers, "last_stats", None)
         extra = {k: v for k, v in stats.metrics().items() if k.startswith(("rollout/", "perf/"))} \
             if stats is not None and hasattr(stats, "metrics") else {}
         self.events.append(("gen_done", step, version))
-        return Generated(step, version, samples, t0, t1, last_token, extra)
+        return GeneratedBatch(step, version, samples, t0, t1, last_token, extra)
 
-    async def train(self, gen: Generated, trainer_version: int) -> tuple[dict[str, float], float]:
+    async def train(self, gen: GeneratedBatch, trainer_version: int) -> tuple[dict[str, float], float]:
         t0 = time.time()
         self.events.append(("train", gen.step, trainer_version))
         metrics: dict[str, float] = lag_metrics(gen.samples, trainer_version, self.k)
         # in a thread: padding a large batch is real work, and the event loop must keep
         # draining the sampler streams of the batch being generated alongside
-        batch = await asyncio.to_thread(self.p.build_batch, gen.samples, gen.step)
+        batch = await asyncio.to_thread(self.parts.build_batch, gen.samples, gen.step)
         metrics.update({k: float(v) for k, v in getattr(batch, "metrics", {}).items()
                         if isinstance(v, (int, float))})
         rows = 0 if batch is None else int(batch.input_ids.shape[0])
@@ -194,18 +195,18 @@ class Loop:
                   file=sys.stderr, flush=True)
         else:
             metrics.update(await asyncio.to_thread(
-                self.p.trainer.train, batch, self.p.response_length(gen.step)))
+                self.parts.trainer.train, batch, self.parts.response_length(gen.step)))
             metrics["actor/skipped"] = 0.0
         t1 = time.time()
-        self.p.timeline.add("trainer", "train", gen.step, t0, t1)
+        self.parts.timeline.add("trainer", "train", gen.step, t0, t1)
         return metrics, t1 - t0
 
     async def push(self, version: int, step: int) -> float:
         t0 = time.time()
         self.events.append(("push", version, step))
-        await self.p.weight_sync.push(version)
+        await self.parts.weight_sync.push(version)
         t1 = time.time()
-        self.p.timeline.add("sync", "sync", step, t0, t1)
+        self.parts.timeline.add("sync", "sync", step, t0, t1)
         return t1 - t0
 
     # ---- the schedule ----------------------------------------------------------------
@@ -245,14 +246,14 @@ class Loop:
                 self._cond.notify_all()
             raise
 
-    async def _take(self, step: int) -> Generated:
+    async def _take(self, step: int) -> GeneratedBatch:
         async with self._cond:
             await self._cond.wait_for(lambda: step in self._ready or self._gen_error is not None)
             if step not in self._ready:
                 raise RuntimeError(f"generation of batch {step} failed") from self._gen_error
             return self._ready.pop(step)
 
-    async def _within_bound(self, gen: Generated) -> dict[str, float]:
+    async def _within_bound(self, gen: GeneratedBatch) -> dict[str, float]:
         """Trajectories over the bound are dropped, or (wait) their tasks generated again with the
         samplers' current weights; whatever is still over after that is dropped."""
         stale = over_bound(gen.samples, self.version, self.k)
@@ -260,7 +261,7 @@ class Loop:
         t0 = time.time()
         if stale and self.cfg.staleness_policy == "wait":
             ids = {task_id for task_id, _ in stale}
-            tasks = [t for t in batch_tasks(self.p.tasks, gen.step, self.cfg.tasks_per_batch,
+            tasks = [t for t in batch_tasks(self.parts.tasks, gen.step, self.cfg.tasks_per_batch,
                                             self.cfg.seed, self.cfg.shuffle_tasks) if t.task_id in ids]
             async with self._sampler_lock:
                 again = await self.generate(gen.step, self.sampler_version, tasks)
@@ -291,7 +292,7 @@ class Loop:
         for b, samples in pending_by_step(self.pending).items():
             if self.start_step <= b < cfg.steps:
                 now = time.time()
-                self._ready[b] = Generated(b, min(s.policy_version for s in samples), samples,
+                self._ready[b] = GeneratedBatch(b, min(s.policy_version for s in samples), samples,
                                            now, now, now)
         producer = asyncio.get_running_loop().create_task(self._generator(set(self._ready)))
         try:
@@ -329,7 +330,7 @@ class Loop:
                 metrics["timing/prologue_gen"] = prologue
             metrics["pipeline/weights_version"] = float(self.version)
             # the push's own split (pipeline.weight_sync push objects; a test's fake has none)
-            split = getattr(self.p.weight_sync, "last_stats", None) or {}
+            split = getattr(self.parts.weight_sync, "last_stats", None) or {}
             metrics.update({f"pipeline/weight_sync_{k}": float(split[k])
                             for k in ("transport_s", "load_s", "check_s") if k in split})
             self._log(step, metrics, cur.samples)
@@ -346,10 +347,10 @@ class Loop:
             steps_bar.close()
 
     # ---- bookkeeping -----------------------------------------------------------------
-    def _step_metrics(self, trained: Generated, gen: Generated | None, t_train: float,
+    def _step_metrics(self, trained: GeneratedBatch, gen: GeneratedBatch | None, t_train: float,
                       t_sync: float, t_total: float) -> dict[str, float]:
         m: dict[str, float] = dict(trained.rollout)
-        m.update(self.p.rollout_metrics(trained.samples))
+        m.update(self.parts.rollout_metrics(trained.samples))
         m.update(score_metrics(trained.samples))
         m.update(env_metrics(trained.samples, trained.wall))
         t_gen = gen.wall if gen is not None else 0.0
@@ -372,21 +373,21 @@ class Loop:
     def _log(self, step: int, metrics: dict[str, float], samples: list[Sample]) -> None:
         self.history.append({"step": step, **metrics})
         self._log_drawn(step, wait=False)
-        self.p.logger.log(step, metrics)
-        self.p.logger.log_table(step, samples, self.p.decode)
+        self.parts.logger.log(step, metrics)
+        self.parts.logger.log_table(step, samples, self.parts.decode)
         if self.timeline_every > 0 and (step + 1) % self.timeline_every == 0:
             self._draw(step)
 
     def _draw(self, step: int, final: bool = False) -> None:
         """Draw off the step's critical path (matplotlib costs ~0.3 s a figure, ~1 s the first);
         the image is logged with the next step's metrics (W&B steps only go forward)."""
-        if not self.p.timeline.spans:
+        if not self.parts.timeline.spans:
             return
         if self._drawer is None:
             self._drawer = ThreadPoolExecutor(1, thread_name_prefix="timeline")
         snapshot = Timeline()
-        snapshot.spans = list(self.p.timeline.spans)
-        run_dir, title = self.p.run_dir, f"{schedule_name(self.k)}: step {step}"
+        snapshot.spans = list(self.parts.timeline.spans)
+        run_dir, title = self.parts.run_dir, f"{schedule_name(self.k)}: step {step}"
 
         def job() -> Path:
             snapshot.to_jsonl(run_dir / "timeline.jsonl")
@@ -402,10 +403,10 @@ class Loop:
         while self._pending_draws and (wait or self._pending_draws[0].done()):
             path = self._pending_draws.pop(0).result()
             if not self._pending_draws:  # only the newest image is worth a log entry
-                self.p.logger.log_image(step, "timeline", path)
+                self.parts.logger.log_image(step, "timeline", path)
 
     def _maybe_checkpoint(self, step: int, force: bool = False) -> bool:
-        c = self.p.checkpoint_cfg
+        c = self.parts.checkpoint_cfg
         last = step == self.cfg.steps - 1
         if not (force or (c.every > 0 and (step + 1) % c.every == 0) or (last and c.at_end)):
             return False
@@ -417,7 +418,7 @@ class Loop:
         # in the loop's own thread: saving it in another thread (so the batch being generated kept
         # flowing) broke one_off's overlap of train N and generate N+1 after a checkpoint step
         # (test_toy_learns_through_the_pipeline[one_off], fresh-clone CI, 2026-12-04)
-        checkpoint.save(self.p.run_dir / c.dir, step, self.p.trainer, state, c.keep_last)
+        checkpoint.save(self.parts.run_dir / c.dir, step, self.parts.trainer, state, c.keep_last)
         print(f"[pipeline] checkpoint of step {step} written in {time.time() - t0:.2f} s",
               file=sys.stderr, flush=True)
         self.events.append(("checkpoint", step, self.version))

@@ -1,7 +1,7 @@
 """Entry point: ``python -m pipeline.main +experiment=kernel_multiturn [key=value ...]``.
 
 Composes the typed config (pipeline/config.py + conf/), starts or joins Ray, splits it into the
-sampler and trainer pools, builds samplers (engine + reward env per worker), the FSDP2 trainer,
+sampler and trainer resource pools, builds samplers (engine + reward env per worker), the FSDP2 trainer,
 the weight sync and the logger, then runs the step loop. ``-m`` sweeps run one job after the
 other, each with its own run dir, W&B run and Ray session.
 """
@@ -28,7 +28,7 @@ def evaluator_gpus(pools: Any) -> list[list[int]] | None:
     """Each sampler worker's share of the dedicated evaluation pool (None without one)."""
     if pools.evaluator is None:
         return None
-    from pipeline.pools import assign_evaluator_gpus, bundle_nodes, evaluator_gpu_ids
+    from pipeline.resources import assign_evaluator_gpus, bundle_nodes, evaluator_gpu_ids
 
     shares = assign_evaluator_gpus(bundle_nodes(pools.sampler), evaluator_gpu_ids(pools.evaluator))
     print(f"[pipeline] evaluation pool: sampler worker i times kernels on GPUs {shares}[i]",
@@ -88,9 +88,9 @@ class Session:
         from pipeline.loop import Loop, LoopParts
         from pipeline.metrics import MetricsLogger
         from pipeline.models.load import load_tokenizer
-        from pipeline.pools import create_pools, init_ray
+        from pipeline.resources import create_resource_pools, init_ray
         from pipeline.rollout_config import max_response_length, response_length_at
-        from pipeline.sampler import SamplerPool
+        from pipeline.sampler import SamplerGroup
         from pipeline.trainer import TrainerGroup
         from pipeline.weight_sync import choose_transport, make_weight_sync
 
@@ -99,7 +99,7 @@ class Session:
 
         if init_ray(cfg.resources, runtime_env={"env_vars": env_vars}):
             self.closers.append(ray.shutdown)
-        pools = create_pools(cfg.resources)
+        pools = create_resource_pools(cfg.resources)
         self.closers.append(pools.remove)
         shared = pools.plan.colocated
 
@@ -115,10 +115,10 @@ class Session:
             print(f"[pipeline] resuming from {resume_dir} at step {state['step'] + 1}", file=sys.stderr)
         self.start_step = state.get("step", -1) + 1
 
-        samplers = SamplerPool(cfg.model, cfg.rollout, self.env_factory(cfg, evaluator_gpus(pools)),
-                               pool=pools.sampler,
-                               gpu_memory_fraction=cfg.resources.sampler.gpu_memory_fraction
-                               if shared else None, env_vars=env_vars)
+        samplers = SamplerGroup(cfg.model, cfg.rollout, self.env_factory(cfg, evaluator_gpus(pools)),
+                                resource_pool=pools.sampler,
+                                gpu_memory_fraction=cfg.resources.sampler.gpu_memory_fraction
+                                if shared else None, env_vars=env_vars)
         self.closers.append(samplers.shutdown)
         a = cfg.algorithm
         pad_len = max_response_length(cfg.rollout)
@@ -131,7 +131,7 @@ class Session:
         on_gpu = cfg.resources.trainer.gpus > 0
         sync = make_weight_sync(trainer, samplers, choose_transport(
             cfg.pipeline.weight_sync, shared, on_gpu, shared_gpus=cfg.resources.trainer.gpus),
-            verify=cfg.pipeline.verify_weight_sync)
+            timeout_s=cfg.pipeline.weight_sync_timeout_s, verify=cfg.pipeline.verify_weight_sync)
         tokenizer = load_tokenizer(cfg.model)
         tasks = ray.get(samplers.workers[0].tasks.remote(cfg.pipeline.task_split))
         self.logger = MetricsLogger(cfg.logger, run_dir, run_name=self.run_name,

@@ -72,7 +72,7 @@ class WeightReceiverMixin:
     as actor methods, ``weights_of(payload)``."""
 
     def join_weight_group(self, host: str, port: int, rank: int, world_size: int,
-                          timeout_s: float = 600.0) -> None:
+                          timeout_s: float) -> None:
         self._weight_receiver().join(host, port, rank, world_size, timeout_s)
 
     def weights_of(self, payload: Any) -> Iterator[tuple[str, torch.Tensor]]:
