@@ -112,9 +112,7 @@ def episode_rows(samples: list[Sample], k: int, decode: Any = None,
     """A few episodes for the table: the best-scored samples, then the worst ones. Their text is
     scrubbed of secrets (the environment scrubs what it returns; this also covers the response and
     pipeline errors) before it is cut, as it goes to episodes.jsonl and W&B."""
-    from rewards.scrub import default_scrubber
-
-    scrub = default_scrubber().scrub
+    from rewards.interface import scrub
     ranked = sorted(samples, key=lambda s: (-s.score, s.uid))
     picked = ranked[:(k + 1) // 2] + [s for s in ranked[::-1][:k // 2] if s not in ranked[:(k + 1) // 2]]
     rows = []

@@ -16,6 +16,8 @@ from typing import Any, Protocol, runtime_checkable
 # the environments' config schemas, for the root config to compose (pipeline/config.py)
 from rewards.config import RewardConfig, ToyEnvConfig  # noqa: F401
 from sandbox.config import EvalConfig  # noqa: F401
+# this process's secret scrubber, for the text the pipeline writes itself (errors, episode tables)
+from rewards.scrub import scrub  # noqa: F401
 
 ENVS = ("kernel", "toy")  # the root config's ``env`` key: which RewardEnv the samplers build
 
