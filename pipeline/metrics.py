@@ -1,4 +1,5 @@
-"""Per-step metrics from samples (score/*, hack/*, sandbox/*, prompt_length/*), and where they go:
+"""Per-step metrics from samples (score/*, hack/*, prompt_length/*, and what the env names in its
+outcomes, e.g. the kernel env's sandbox/*), and where they go:
 the console, ``metrics.jsonl`` in the run dir (every scalar, one line per step) and W&B
 (``logger.mode``, pipeline/wandb_setup.py; ``logger=console`` turns it off). Names are renamed to
 the logged ones (verl's where verl has the quantity, pipeline/metric_names.py) on the way out."""

@@ -3,9 +3,10 @@ and, optionally, a dedicated evaluation pool.
 
 Each resource pool is one Ray placement group of identical bundles: one bundle per sampler worker
 (its GPUs for a tensor-parallel engine, or none on CPU) and one bundle per trainer rank (one GPU,
-or none for a CPU rank). Any N:M split works, on one node or many (``strategy``). On a machine with fewer
-GPUs than the two pools ask for together, both pools may share the same GPUs (``colocate``):
-each bundle then takes a fraction of a GPU and the engine/trainer cap their memory to it.
+or none for a CPU rank). Any N:M split works, on one node or many (``strategy``). On a machine
+with fewer GPUs than the two pools ask for together, both pools may share the same GPUs
+(``colocate``): each bundle then takes a fraction of a GPU and the engine/trainer cap their
+memory to it.
 
 ``plan_resources`` is pure (cluster resources in, bundle lists out) so the placement arithmetic is
 testable without Ray; ``create_resource_pools`` reserves the groups and waits for them.

@@ -2,9 +2,10 @@
 
 ``SamplerWorker(model_cfg, rollout_cfg, env_spec, worker_index=0, gpu_memory_fraction=None)``
 holds one engine and one RewardEnv, both built inside the actor. ``env_spec`` is a mapping with
-``_target_`` (Hydra ``instantiate``: e.g. ``{"_target_": "rewards.toy.ToyEnv", "delay_s": 0.1}``
-or ``rewards.env.KernelEnv``'s config), a ``"module:Class"`` / ``"module.Class"`` string, or a
-picklable zero-argument callable. Actor methods:
+``_target_`` (Hydra ``instantiate``: e.g. ``{"_target_": "rewards.toy.ToyEnv", "delay_s": 0.1}``),
+a ``"module:Class"`` / ``"module.Class"`` string, or a picklable callable: of no argument, or of
+the worker's index when marked ``per_worker`` (what ``rewards.interface.env_spec`` gives for
+the kernel env, so each worker times on its own evaluation GPUs). Actor methods:
 
 * ``generate(step, tasks, version, starts=None)``: a streaming generator: lists of ``Sample``,
   each list every sample scored since the last one went out (a Ray stream pays a round trip per

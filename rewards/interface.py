@@ -1,4 +1,4 @@
-"""The reward interface: the only thing ``pipeline/`` knows about kernels.
+"""The reward interface: all that ``pipeline/`` knows about kernels when it trains and evaluates.
 
 An environment turns (task, conversation so far) into chat messages, and a model response into a
 scored :class:`TurnOutcome` whose feedback feeds the next turn. ``evaluate`` is async so the
