@@ -80,13 +80,13 @@ def _replace(node: Any, **values: Any) -> Any:
     return node
 
 
-async def _collect(pool: Any, tasks: list[Any], expected: int,
+async def _collect(samplers: Any, tasks: list[Any], expected: int,
                    beam: BeamConfig | None = None) -> list[Sample]:
     from tqdm import tqdm
 
     with tqdm(total=expected, desc="evaluate", file=sys.stderr, dynamic_ncols=True) as bar:
         async def generate(starts: Any = None) -> Any:
-            async for s in pool.generate(0, tasks, 0, starts):
+            async for s in samplers.generate(0, tasks, 0, starts):
                 bar.update(1)
                 yield s
 
@@ -137,20 +137,20 @@ def run_samples(cfg: DictConfig, run_dir: str | Path) -> tuple[list[Sample], dic
     try:
         plan = plan_resources(conf.resources, ray.cluster_resources())
         env = env_spec(conf.env, conf.reward, conf.sandbox, conf.toy)
-        pool = SamplerGroup(model_cfg, rollout, env, n_workers=plan.n_samplers,
-                            num_cpus=plan.sampler_bundles[0]["CPU"],
-                            num_gpus=plan.sampler_gpus_per_worker)
+        samplers = SamplerGroup(model_cfg, rollout, env, n_workers=plan.n_samplers,
+                                num_cpus=plan.sampler_bundles[0]["CPU"],
+                                num_gpus=plan.sampler_gpus_per_worker)
         try:
-            tasks = ray.get(pool.workers[0].tasks.remote(ev.split))
+            tasks = ray.get(samplers.workers[0].tasks.remote(ev.split))
             if ev.max_tasks > 0:
                 tasks = tasks[:ev.max_tasks]
             if not tasks:
                 raise ValueError(f"evaluate.split={ev.split!r} has no tasks")
             rounds = beam.rounds if beam is not None else 1
-            samples = asyncio.run(_collect(pool, tasks, len(tasks) * rollout.n_trajectories
+            samples = asyncio.run(_collect(samplers, tasks, len(tasks) * rollout.n_trajectories
                                            * rollout.turns * rounds, beam))
         finally:
-            pool.shutdown()
+            samplers.shutdown()
     finally:
         if started:
             ray.shutdown()
