@@ -4,7 +4,7 @@ import pytest
 
 from pipeline.resources import (ResourcesDoNotFit, assign_evaluator_gpus, bundle_nodes, create_resource_pools,
                             evaluator_gpu_ids, plan_resources)
-from tests.pipeline.test_pools import resources
+from tests.pipeline.test_resources import resources
 
 
 def test_plan_reserves_whole_gpus_beside_the_other_pools():

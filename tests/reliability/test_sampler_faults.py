@@ -17,7 +17,7 @@ from pipeline.models import load_model_and_tokenizer, load_model_config
 from pipeline.sampler import SamplerGroup
 from pipeline.weight_sync import ObjectStoreWeights, checksums
 from rewards.toy import ToyEnv
-from tests.sampling.conftest import rollout_cfg
+from tests.pipeline.conftest import rollout_cfg
 
 TRAJ = 2
 

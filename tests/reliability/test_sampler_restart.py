@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.models import load_model_config
 from pipeline.sampler import SamplerGroup
-from tests.sampling.conftest import rollout_cfg
+from tests.pipeline.conftest import rollout_cfg
 
 TOY = {"_target_": "rewards.toy.ToyEnv", "n_tasks": 4, "delay_s": 0.3}
 TRAJ, TURNS = 3, 2

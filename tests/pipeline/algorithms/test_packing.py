@@ -7,7 +7,7 @@ from pipeline.algorithms import build_train_batch
 from pipeline.algorithms import pack_rows
 from pipeline.models import ModelConfig, load_model_and_tokenizer
 from pipeline.sample import Sample
-from tests.algorithms.conftest import algo
+from tests.pipeline.algorithms.conftest import algo
 
 
 def samples(vocab):

@@ -12,7 +12,7 @@ from pipeline.sampler import SamplerGroup, SamplerWorker, build_env, stream_shap
 from pipeline.weight_sync import ObjectStoreWeights
 from rewards.toy import ToyEnv
 
-from .conftest import rollout_cfg
+from tests.pipeline.conftest import rollout_cfg
 
 TOY = {"_target_": "rewards.toy.ToyEnv", "n_tasks": 3, "delay_s": 0.05}
 
