@@ -13,11 +13,12 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-# the environments' config schemas, for the root config to compose (pipeline/config.py)
-from rewards.config import RewardConfig, ToyEnvConfig  # noqa: F401
-from sandbox.config import EvalConfig  # noqa: F401
-# this process's secret scrubber, for the text the pipeline writes itself (errors, episode tables)
-from rewards.scrub import scrub  # noqa: F401
+from rewards.config import RewardConfig, ToyEnvConfig  # env schemas the root config composes
+from rewards.scrub import scrub  # the secret scrubber, for text the pipeline writes itself
+from sandbox.config import EvalConfig  # the kernel env's sandbox schema, composed likewise
+
+__all__ = ["ENVS", "EvalConfig", "RewardConfig", "RewardEnv", "TaskRef", "ToyEnvConfig", "Turn",
+           "TurnOutcome", "check_env_config", "env_spec", "kernel_env", "scrub"]
 
 ENVS = ("kernel", "toy")  # the root config's ``env`` key: which RewardEnv the samplers build
 
