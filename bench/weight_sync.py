@@ -100,7 +100,8 @@ def main() -> None:
     rollout = load_rollout_config(args.engine, over)
     tcfg_over = {"weight_bucket_mb": args.bucket_mb} if args.bucket_mb else {}
     shared = pools.plan.colocated
-    samplers = SamplerGroup(model_cfg, rollout, {"_target_": "rewards.toy.ToyEnv"}, resource_pool=pools.sampler,
+    samplers = SamplerGroup(model_cfg, rollout, {"_target_": "rewards.toy.ToyEnv"},
+                            resource_pool=pools.sampler,
                             gpu_memory_fraction=res.sampler.gpu_memory_fraction if shared else None)
     trainer = TrainerGroup(pools.trainer, trainer_model, group(TrainerConfig, "trainer/fsdp2", **tcfg_over),
                            None, max_response_length=8, temperature=1.0, total_optim_steps=1,
