@@ -107,9 +107,9 @@ vllm)  # issue 17: the engine's tests and the push into it (JSON of each push's 
   # the persistent cuda_ipc buffers across processes, the push through the real actors into vLLM,
   # the sampler against bare vLLM on the same prompts, and HF beside it (smaller: ~0.6k tokens/s)
   # its own process: an in-process vLLM engine has taken torch.distributed's default group
-  step gpu_sync_test 40 $py -m pytest -q -s -rA tests/pipeline/test_gpu_weight_sync.py
-  step vllm_tests 150 env OUT="$res" $py -m pytest -q -s -rA -m "vllm or gpu" tests/sampling/test_vllm_engine.py \
-       tests/sampling/test_vllm_weight_push.py
+  step gpu_sync_test 40 $py -m pytest -q -s -rA tests/pipeline/weight_sync/test_gpu_weight_sync.py
+  step vllm_tests 150 env OUT="$res" $py -m pytest -q -s -rA -m "vllm or gpu" tests/pipeline/engines/test_vllm_engine.py \
+       tests/pipeline/engines/test_vllm_weight_push.py
   step weight_sync_vllm 80 $py -m bench.weight_sync --preset qwen0.5b --engine vllm --transports cuda_ipc \
        --pushes 6 --out "$res/weight_sync_vllm_h200.json"
   step sampler_vllm 90 $py -m bench.sampler --engine vllm --preset qwen0.5b --dtype bfloat16 --tasks 4 \
@@ -123,7 +123,7 @@ evals)  # 2026-12-03, after the device gate, the "min" header tier; sized for th
        --gen-seconds 20 --max-concurrent 16 --compile-workers 8 --out "$res/reward_streaming_cuda.json"
   ;;
 sync)  # 2026-12-03: flat-bucket cuda_ipc (its GPU test, then the bench), the project's RL step at 32k
-  step gpu_tests 120 $py -m pytest -x -q tests/pipeline/test_gpu_weight_sync.py
+  step gpu_tests 120 $py -m pytest -x -q tests/pipeline/weight_sync/test_gpu_weight_sync.py
   step weight_sync 100 $py -m bench.weight_sync --preset qwen0.5b --transports cuda_ipc --pushes 6 \
        --out "$res/weight_sync_h200.json"
   step trainer_rl 240 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer --preset qwen0.5b \

@@ -1,6 +1,6 @@
 """Sampler overhead: tokens/s of a generation engine alone, through the episode driver
 (``pipeline.rollout.stream_episodes``, in process) and through a ``SamplerWorker`` Ray actor
-(``SamplerPool``: the whole sampling path the loop uses), on the same requests. With vLLM the
+(``SamplerGroup``: the whole sampling path the loop uses), on the same requests. With vLLM the
 first row is bare vLLM: ``LLM.generate`` of the same engine object on the same token-id prompts
 with the same sampling parameters, the reference every overhead is taken against.
 
@@ -102,10 +102,10 @@ async def through_rollout(engine: Any, tokenizer: Any, env: Any, tasks: list[Any
     return tokens, time.perf_counter() - t0
 
 
-async def through_worker(pool: Any, tasks: list[Any], step: int) -> tuple[int, float]:
+async def through_worker(samplers: Any, tasks: list[Any], step: int) -> tuple[int, float]:
     t0 = time.perf_counter()
     tokens = 0
-    async for s in pool.generate(step, tasks, 0):
+    async for s in samplers.generate(step, tasks, 0):
         tokens += len(s.response_ids)
     return tokens, time.perf_counter() - t0
 
@@ -215,27 +215,27 @@ async def in_process(args: Any, model_cfg: Any, rollout: Any) -> list[dict[str, 
     return rows
 
 
-async def engine_counters(pool: Any) -> dict[str, float]:
-    stats = (await pool.stats())[0]
+async def engine_counters(samplers: Any) -> dict[str, float]:
+    stats = (await samplers.stats())[0]
     return {k: stats[f"engine/{k}"] for k in ("gen_s", "batches", "busy_s", "steps") if f"engine/{k}" in stats}
 
 
 async def in_worker(args: Any, model_cfg: Any, rollout: Any) -> dict[str, Any]:
-    from pipeline.sampler import SamplerPool
+    from pipeline.sampler import SamplerGroup
 
     import torch
 
     gpus = 1.0 if torch.cuda.is_available() else 0.0
     env_spec = {"_target_": "rewards.toy.ToyEnv", "n_tasks": args.tasks}
-    pool = SamplerPool(model_cfg, rollout, env_spec, n_workers=1, num_cpus=1, num_gpus=gpus)
+    samplers = SamplerGroup(model_cfg, rollout, env_spec, n_workers=1, num_cpus=1, num_gpus=gpus)
     try:
         _, tasks = toy_tasks(args.tasks)
-        await through_worker(pool, tasks, 0)  # warm-up
-        before = await engine_counters(pool)
-        runs = [await through_worker(pool, tasks, i + 1) for i in range(args.repeats)]
-        return {"path": "SamplerWorker (Ray actor)", **best(runs, before, await engine_counters(pool))}
+        await through_worker(samplers, tasks, 0)  # warm-up
+        before = await engine_counters(samplers)
+        runs = [await through_worker(samplers, tasks, i + 1) for i in range(args.repeats)]
+        return {"path": "SamplerWorker (Ray actor)", **best(runs, before, await engine_counters(samplers))}
     finally:
-        pool.shutdown()
+        samplers.shutdown()
 
 
 def main() -> None:

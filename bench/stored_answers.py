@@ -76,9 +76,9 @@ class StoredAnswerEnv:
 
 def _worker_env(reward_cfg: Any, sandbox_cfg: Any, eval_gpus: Any, share: float, variants: int,
                 worker_index: int) -> StoredAnswerEnv:
-    from pipeline.main import make_kernel_env
+    from rewards.interface import kernel_env
 
-    return StoredAnswerEnv(make_kernel_env(reward_cfg, sandbox_cfg, eval_gpus, worker_index), share, variants)
+    return StoredAnswerEnv(kernel_env(reward_cfg, sandbox_cfg, eval_gpus, worker_index), share, variants)
 
 
 def env_factory(share: float = 1.0, variants: int = 1) -> Any:

@@ -1,5 +1,5 @@
 """Weight push trainer -> sampler: ``pipeline.weight_sync`` push objects through the real actors
-(a ``TrainerGroup`` FSDP2 rank and a ``SamplerPool`` worker with its engine, HF or vLLM), per
+(a ``TrainerGroup`` FSDP2 rank and a ``SamplerGroup`` worker with its engine, HF or vLLM), per
 transport. Push time = gather on the trainer + transfer + copy into the engine, what
 ``timing/weight_sync`` reports in the loop; each push is split into transport (everything but
 the engine's copy and the checksums), engine load, and checks. On one GPU both pools share it
@@ -77,16 +77,16 @@ def main() -> None:
     import torch
 
     from pipeline.models.config import ModelConfig
-    from pipeline.pools import ResourcesConfig, create_pools, init_ray
+    from pipeline.resources import ResourcesConfig, create_resource_pools, init_ray
     from pipeline.rollout_config import load_rollout_config
-    from pipeline.sampler import SamplerPool
+    from pipeline.sampler import SamplerGroup
     from pipeline.trainer import TrainerConfig, TrainerGroup
     from pipeline.weight_sync import make_weight_sync
 
     on_gpu = torch.cuda.is_available()
     res = group(ResourcesConfig, "resources/one_gpu" if on_gpu else "resources/default")
     init_ray(res, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
-    pools = create_pools(res)
+    pools = create_resource_pools(res)
     model_over = dict(kv.split("=", 1) for kv in PRESETS[args.preset])
     model_over = {k: (int(v) if v.isdigit() else v == "true" if v in ("true", "false") else v)
                   for k, v in model_over.items()}
@@ -100,8 +100,9 @@ def main() -> None:
     rollout = load_rollout_config(args.engine, over)
     tcfg_over = {"weight_bucket_mb": args.bucket_mb} if args.bucket_mb else {}
     shared = pools.plan.colocated
-    samplers = SamplerPool(model_cfg, rollout, {"_target_": "rewards.toy.ToyEnv"}, pool=pools.sampler,
-                           gpu_memory_fraction=res.sampler.gpu_memory_fraction if shared else None)
+    samplers = SamplerGroup(model_cfg, rollout, {"_target_": "rewards.toy.ToyEnv"},
+                            resource_pool=pools.sampler,
+                            gpu_memory_fraction=res.sampler.gpu_memory_fraction if shared else None)
     trainer = TrainerGroup(pools.trainer, trainer_model, group(TrainerConfig, "trainer/fsdp2", **tcfg_over),
                            None, max_response_length=8, temperature=1.0, total_optim_steps=1,
                            gpu_memory_fraction=res.trainer.gpu_memory_fraction if shared else None)

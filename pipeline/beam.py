@@ -162,7 +162,7 @@ def beam_metrics(samples: list[Sample], beam: BeamConfig, ks: Iterable[int],
 async def beam_search(generate: Callable[[Starts | None], AsyncIterator[Sample]],
                       task_ids: list[str], beam: BeamConfig) -> list[Sample]:
     """All rounds' Samples; ``generate(starts)`` runs one round of ``width`` x
-    ``turns_per_round`` per task (round 0 with ``starts=None``), e.g. SamplerPool.generate."""
+    ``turns_per_round`` per task (round 0 with ``starts=None``), e.g. SamplerGroup.generate."""
     samples: list[Sample] = []
     starts: dict[tuple[str, int], Start] = {}
     for rnd in range(beam.rounds):

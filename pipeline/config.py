@@ -12,6 +12,7 @@ A value given on the command line replaces the interpolation, so overrides alway
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,28 +22,17 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from pipeline.algorithms.config import AlgorithmConfig
 from pipeline.checkpoint import CheckpointConfig
-from pipeline.evaluate import EvaluateConfig
+from pipeline.evaluate_config import EvaluateConfig
 from pipeline.loop import PipelineConfig
 from pipeline.metrics import LoggerConfig
 from pipeline.models.config import ModelConfig
-from pipeline.pools import ResourcesConfig
+from pipeline.resources import ResourcesConfig
 from pipeline.rollout import RolloutConfig
 from pipeline.sft import SftConfig
 from pipeline.trainer.config import TrainerConfig
-from rewards.config import RewardConfig
-from sandbox.config import EvalConfig
+from rewards.interface import ENVS, EvalConfig, RewardConfig, ToyEnvConfig, check_env_config
 
 PROFILES = ("auto", "laptop", "full")
-
-
-@dataclass
-class ToyEnvConfig:
-    """rewards.toy.ToyEnv (env=toy): a reward a tiny random model learns in a few steps."""
-
-    target: str = MISSING
-    n_tasks: int = MISSING
-    n_holdout: int = MISSING
-    delay_s: float = MISSING
 
 
 @dataclass
@@ -154,8 +144,8 @@ def check(cfg: Any) -> None:
                       f"resources.sampler.gpus_per_worker={cfg.resources.sampler.gpus_per_worker}: each "
                       "sampler worker's engine spans exactly its GPUs; set only "
                       "resources.sampler.gpus_per_worker (the engine's size follows it)")
-    if cfg.env not in ("kernel", "toy"):
-        errors.append(f"env={cfg.env!r}: expected kernel or toy")
+    if cfg.env not in ENVS:
+        errors.append(f"env={cfg.env!r}: expected one of {ENVS}")
     if cfg.trainer.optim.lr <= 0:
         errors.append(f"trainer.optim.lr={cfg.trainer.optim.lr}: expected > 0")
     if not 0 <= cfg.trainer.optim.warmup_ratio < 1:
@@ -165,10 +155,8 @@ def check(cfg: Any) -> None:
 
     group_checks: list[tuple[Any, Any]] = [(check_algorithm_config, a), (_check_model_path, cfg.model),
                                            (_check_local_gpus, cfg.resources)]
-    if cfg.env == "kernel":
-        from rewards.config import validate as check_reward_config
-
-        group_checks.append((check_reward_config, cfg.reward))
+    if cfg.env in ENVS:
+        group_checks.append((functools.partial(check_env_config, cfg.env), cfg.reward))
     for fn, node in group_checks:
         try:
             fn(node)
@@ -189,7 +177,7 @@ def _check_model_path(model: Any) -> None:
 
 def _check_local_gpus(resources: Any) -> None:
     """A local Ray cluster gets this machine's GPUs: a split that cannot fit fails before Ray starts
-    (a remote cluster is checked by create_pools once its resources are known)."""
+    (a remote cluster is checked by create_resource_pools once its resources are known)."""
     if resources.ray.address is not None:
         return
     gpus = resources.ray.num_gpus
@@ -199,6 +187,6 @@ def _check_local_gpus(resources: Any) -> None:
         import torch
 
         gpus = torch.cuda.device_count()
-    from pipeline.pools import plan_pools
+    from pipeline.resources import plan_resources
 
-    plan_pools(resources, {"GPU": float(gpus), "CPU": float("inf")})
+    plan_resources(resources, {"GPU": float(gpus), "CPU": float("inf")})

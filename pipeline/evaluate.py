@@ -18,33 +18,20 @@ import asyncio
 import copy
 import json
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from pipeline.beam import BeamConfig, beam_metrics, beam_search, check_beam
+from pipeline.evaluate_config import SEARCHES
 from pipeline.eval_metrics import summarize
 from pipeline.sample import Sample
+from rewards.interface import env_spec
 
 
-@dataclass
-class EvaluateConfig:
-    checkpoint: str | None = MISSING   # a checkpoint dir (its model/ is loaded); null: model.*
-    split: str = MISSING               # the env split to evaluate on
-    k: int = MISSING                   # trajectories per task
-    ks: list[int] = field(default_factory=lambda: MISSING)  # pass@k for each k <= evaluate.k
-    fast_ps: list[float] = field(default_factory=lambda: MISSING)
-    max_tasks: int = MISSING           # 0: all tasks of the split
-    temperature: float | None = MISSING  # null: rollout.temperature
-    search: str = MISSING              # none: k trajectories of rollout.turns; beam: pipeline.beam
-    beam: BeamConfig = field(default_factory=BeamConfig)
-    compare: Optional[str] = MISSING     # a second checkpoint evaluated the same way, printed beside
-
-SEARCHES = ("none", "beam")
 
 
 def attempts_by_budget(samples: list[Sample], turns: int) -> dict[int, list[tuple[str, bool, float | None]]]:
@@ -93,13 +80,13 @@ def _replace(node: Any, **values: Any) -> Any:
     return node
 
 
-async def _collect(pool: Any, tasks: list[Any], expected: int,
+async def _collect(samplers: Any, tasks: list[Any], expected: int,
                    beam: BeamConfig | None = None) -> list[Sample]:
     from tqdm import tqdm
 
     with tqdm(total=expected, desc="evaluate", file=sys.stderr, dynamic_ncols=True) as bar:
         async def generate(starts: Any = None) -> Any:
-            async for s in pool.generate(0, tasks, 0, starts):
+            async for s in samplers.generate(0, tasks, 0, starts):
                 bar.update(1)
                 yield s
 
@@ -129,9 +116,8 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, float]:
 
 def run_samples(cfg: DictConfig, run_dir: str | Path) -> tuple[list[Sample], dict[str, float]]:
     """:func:`run`, also returning every generated Sample."""
-    from pipeline.main import env_spec
-    from pipeline.pools import init_ray, plan_pools
-    from pipeline.sampler import SamplerPool
+    from pipeline.resources import init_ray, plan_resources
+    from pipeline.sampler import SamplerGroup
 
     import ray
 
@@ -149,21 +135,22 @@ def run_samples(cfg: DictConfig, run_dir: str | Path) -> tuple[list[Sample], dic
                        else conf.rollout.temperature)
     started = init_ray(conf.resources)
     try:
-        plan = plan_pools(conf.resources, ray.cluster_resources())
-        pool = SamplerPool(model_cfg, rollout, env_spec(conf), n_workers=plan.n_samplers,
-                           num_cpus=plan.sampler_bundles[0]["CPU"],
-                           num_gpus=plan.sampler_gpus_per_worker)
+        plan = plan_resources(conf.resources, ray.cluster_resources())
+        env = env_spec(conf.env, conf.reward, conf.sandbox, conf.toy)
+        samplers = SamplerGroup(model_cfg, rollout, env, n_workers=plan.n_samplers,
+                                num_cpus=plan.sampler_bundles[0]["CPU"],
+                                num_gpus=plan.sampler_gpus_per_worker)
         try:
-            tasks = ray.get(pool.workers[0].tasks.remote(ev.split))
+            tasks = ray.get(samplers.workers[0].tasks.remote(ev.split))
             if ev.max_tasks > 0:
                 tasks = tasks[:ev.max_tasks]
             if not tasks:
                 raise ValueError(f"evaluate.split={ev.split!r} has no tasks")
             rounds = beam.rounds if beam is not None else 1
-            samples = asyncio.run(_collect(pool, tasks, len(tasks) * rollout.n_trajectories
+            samples = asyncio.run(_collect(samplers, tasks, len(tasks) * rollout.n_trajectories
                                            * rollout.turns * rounds, beam))
         finally:
-            pool.shutdown()
+            samplers.shutdown()
     finally:
         if started:
             ray.shutdown()

@@ -1,14 +1,13 @@
 """Entry point: ``python -m pipeline.main +experiment=kernel_multiturn [key=value ...]``.
 
-Composes the typed config (pipeline/config.py + conf/), starts or joins Ray, splits it into the
-sampler and trainer pools, builds samplers (engine + reward env per worker), the FSDP2 trainer,
-the weight sync and the logger, then runs the step loop. ``-m`` sweeps run one job after the
-other, each with its own run dir, W&B run and Ray session.
+Composes the typed config (pipeline/config.py + conf/), starts or joins Ray, splits it into
+resource pools (pipeline/resources.py), builds the sampler group (engine + reward env per worker),
+the FSDP2 trainer, the weight sync and the logger, then runs the step loop. ``-m`` sweeps run one
+job after the other, each with its own run dir, W&B run and Ray session.
 """
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import sys
 from pathlib import Path
@@ -20,40 +19,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline import checkpoint
 from pipeline.config import Config, ConfigError, check, check_required, register, resolved_profile
+from rewards.interface import env_spec
 
 register()
-
-
-def make_kernel_env(reward_cfg: Any, sandbox_cfg: Any, eval_gpus: list[list[int]] | None = None,
-                    worker_index: int = 0) -> Any:
-    """Built inside each sampler actor: the kernel env and its own evaluation pool, timing on
-    the dedicated evaluation GPUs given to this worker when resources.evaluator.gpus > 0."""
-    from rewards.env import KernelEnv
-
-    if eval_gpus:
-        sandbox_cfg = OmegaConf.merge(sandbox_cfg, {"gpu_ids": list(eval_gpus[worker_index])})
-    return KernelEnv.from_config(reward_cfg, sandbox_cfg)
-
-
-def env_spec(cfg: Config, eval_gpus: list[list[int]] | None = None) -> Any:
-    if cfg.env == "toy":
-        return {"_target_": "rewards.toy.ToyEnv", "target": cfg.toy.target,
-                "n_tasks": cfg.toy.n_tasks, "n_holdout": cfg.toy.n_holdout,
-                "delay_s": cfg.toy.delay_s}
-    spec = functools.partial(_kernel_env_of_worker, cfg.reward, cfg.sandbox, eval_gpus)
-    spec.per_worker = True  # type: ignore[attr-defined]  # build_env passes the worker's index
-    return spec
-
-
-def _kernel_env_of_worker(reward_cfg: Any, sandbox_cfg: Any, eval_gpus: Any, worker_index: int) -> Any:
-    return make_kernel_env(reward_cfg, sandbox_cfg, eval_gpus, worker_index)
 
 
 def evaluator_gpus(pools: Any) -> list[list[int]] | None:
     """Each sampler worker's share of the dedicated evaluation pool (None without one)."""
     if pools.evaluator is None:
         return None
-    from pipeline.pools import assign_evaluator_gpus, bundle_nodes, evaluator_gpu_ids
+    from pipeline.resources import assign_evaluator_gpus, bundle_nodes, evaluator_gpu_ids
 
     shares = assign_evaluator_gpus(bundle_nodes(pools.sampler), evaluator_gpu_ids(pools.evaluator))
     print(f"[pipeline] evaluation pool: sampler worker i times kernels on GPUs {shares}[i]",
@@ -89,11 +64,13 @@ class Session:
     def __init__(self, cfg: Config, run_dir: Path, resolved: dict[str, Any],
                  run_name: str | None = None, group: str | None = None,
                  env_factory: Any = None) -> None:
-        """``env_factory(cfg, eval_gpus)``: the samplers' env spec in place of :func:`env_spec`
-        (bench/pipeline.py gives the kernel env stored answers to evaluate)."""
+        """``env_factory(cfg, eval_gpus)``: the samplers' env spec in place of
+        ``rewards.interface.env_spec`` (bench/pipeline.py gives the kernel env stored answers to
+        evaluate)."""
         self.closers: list[Any] = []
         self.run_name, self.group = run_name or str(cfg.name), group
-        self.env_factory = env_factory or env_spec
+        self.env_factory = env_factory or (
+            lambda c, eval_gpus: env_spec(c.env, c.reward, c.sandbox, c.toy, eval_gpus))
         try:
             self._build(cfg, run_dir, resolved)
         except BaseException:
@@ -111,9 +88,9 @@ class Session:
         from pipeline.loop import Loop, LoopParts
         from pipeline.metrics import MetricsLogger
         from pipeline.models.load import load_tokenizer
-        from pipeline.pools import create_pools, init_ray
+        from pipeline.resources import create_resource_pools, init_ray
         from pipeline.rollout_config import max_response_length, response_length_at
-        from pipeline.sampler import SamplerPool
+        from pipeline.sampler import SamplerGroup
         from pipeline.trainer import TrainerGroup
         from pipeline.weight_sync import choose_transport, make_weight_sync
 
@@ -122,7 +99,7 @@ class Session:
 
         if init_ray(cfg.resources, runtime_env={"env_vars": env_vars}):
             self.closers.append(ray.shutdown)
-        pools = create_pools(cfg.resources)
+        pools = create_resource_pools(cfg.resources)
         self.closers.append(pools.remove)
         shared = pools.plan.colocated
 
@@ -138,10 +115,10 @@ class Session:
             print(f"[pipeline] resuming from {resume_dir} at step {state['step'] + 1}", file=sys.stderr)
         self.start_step = state.get("step", -1) + 1
 
-        samplers = SamplerPool(cfg.model, cfg.rollout, self.env_factory(cfg, evaluator_gpus(pools)),
-                               pool=pools.sampler,
-                               gpu_memory_fraction=cfg.resources.sampler.gpu_memory_fraction
-                               if shared else None, env_vars=env_vars)
+        samplers = SamplerGroup(cfg.model, cfg.rollout, self.env_factory(cfg, evaluator_gpus(pools)),
+                                resource_pool=pools.sampler,
+                                gpu_memory_fraction=cfg.resources.sampler.gpu_memory_fraction
+                                if shared else None, env_vars=env_vars)
         self.closers.append(samplers.shutdown)
         a = cfg.algorithm
         pad_len = max_response_length(cfg.rollout)
@@ -154,7 +131,7 @@ class Session:
         on_gpu = cfg.resources.trainer.gpus > 0
         sync = make_weight_sync(trainer, samplers, choose_transport(
             cfg.pipeline.weight_sync, shared, on_gpu, shared_gpus=cfg.resources.trainer.gpus),
-            verify=cfg.pipeline.verify_weight_sync)
+            timeout_s=cfg.pipeline.weight_sync_timeout_s, verify=cfg.pipeline.verify_weight_sync)
         tokenizer = load_tokenizer(cfg.model)
         tasks = ray.get(samplers.workers[0].tasks.remote(cfg.pipeline.task_split))
         self.logger = MetricsLogger(cfg.logger, run_dir, run_name=self.run_name,

@@ -1,4 +1,5 @@
-"""Per-step metrics from samples (score/*, hack/*, sandbox/*, prompt_length/*), and where they go:
+"""Per-step metrics from samples (score/*, hack/*, prompt_length/*, and what the env names in its
+outcomes, e.g. the kernel env's sandbox/*), and where they go:
 the console, ``metrics.jsonl`` in the run dir (every scalar, one line per step) and W&B
 (``logger.mode``, pipeline/wandb_setup.py; ``logger=console`` turns it off). Names are renamed to
 the logged ones (verl's where verl has the quantity, pipeline/metric_names.py) on the way out."""
@@ -73,17 +74,22 @@ def score_metrics(samples: list[Sample]) -> dict[str, float]:
     return out
 
 
-def sandbox_metrics(samples: list[Sample], wall_s: float) -> dict[str, float]:
-    """sandbox/* from the evaluator records the outcomes carry (absent for the toy env)."""
-    verdicts = [(s.outcome or {}).get("verdict") or {} for s in samples]
-    verdicts = [v for v in verdicts if v]
-    if not verdicts:
-        return {}
-    compile_s = [v["wall_s"]["compile"] for v in verdicts if "compile" in (v.get("wall_s") or {})]
-    out = {"sandbox/evals_per_min": len(verdicts) / (wall_s / 60.0) if wall_s > 0 else 0.0,
-           "sandbox/cache_hit_rate": _mean([float(bool(v.get("cache_hit"))) for v in verdicts])}
-    if compile_s:
-        out["sandbox/compile_s_p50"] = statistics.median(compile_s)
+def env_metrics(samples: list[Sample], wall_s: float) -> dict[str, float]:
+    """The metrics the environment named in its outcomes (``TurnOutcome.metrics``), each reduced
+    over the turns that carry it as the interface says: ``_per_min`` names the sum per minute of
+    ``wall_s``, ``_p50`` names the median, any other name the mean (none for the toy env)."""
+    values: dict[str, list[float]] = {}
+    for s in samples:
+        for name, value in ((s.outcome or {}).get("metrics") or {}).items():
+            values.setdefault(name, []).append(float(value))
+    out = {}
+    for name, xs in sorted(values.items()):
+        if name.endswith("_per_min"):
+            out[name] = sum(xs) / (wall_s / 60.0) if wall_s > 0 else 0.0
+        elif name.endswith("_p50"):
+            out[name] = statistics.median(xs)
+        else:
+            out[name] = _mean(xs)
     return out
 
 
@@ -91,11 +97,11 @@ def eval_latency_metrics(samples: list[Sample]) -> dict[str, float]:
     """Seconds of one evaluation (a sample's last token -> its score, ``env.evaluate`` with any wait
     for a sandbox slot): p50, p95 (nearest rank) and max over the batch. ``timing/reward_tail`` is
     compared with the p95: a tail above it means the step waited for more than one slow score.
-    With the kernel env only the samples the sandbox ran count (their verdict has its ``wall_s``):
-    an answer that fails to parse is scored in microseconds and is no evaluation."""
+    Where the environment says its evaluator ran some answers (``TurnOutcome.evaluated``), only
+    those count: an answer that fails to parse is scored in microseconds and is no evaluation."""
     timed = [s for s in samples if s.t_gen_end and s.t_eval_end]
-    sandboxed = [s for s in timed if "wall_s" in ((s.outcome or {}).get("verdict") or {})]
-    xs = sorted(s.t_eval_end - s.t_gen_end for s in (sandboxed or timed))
+    evaluated = [s for s in timed if (s.outcome or {}).get("evaluated")]
+    xs = sorted(s.t_eval_end - s.t_gen_end for s in (evaluated or timed))
     if not xs:
         return {}
     p95 = xs[max(0, math.ceil(0.95 * len(xs)) - 1)]
@@ -107,9 +113,7 @@ def episode_rows(samples: list[Sample], k: int, decode: Any = None,
     """A few episodes for the table: the best-scored samples, then the worst ones. Their text is
     scrubbed of secrets (the environment scrubs what it returns; this also covers the response and
     pipeline errors) before it is cut, as it goes to episodes.jsonl and W&B."""
-    from rewards.scrub import default_scrubber
-
-    scrub = default_scrubber().scrub
+    from rewards.interface import scrub
     ranked = sorted(samples, key=lambda s: (-s.score, s.uid))
     picked = ranked[:(k + 1) // 2] + [s for s in ranked[::-1][:k // 2] if s not in ranked[:(k + 1) // 2]]
     rows = []

@@ -1,4 +1,4 @@
-"""What the step loop needs of each part, as Protocols: the real parts (SamplerPool, TrainerGroup,
+"""What the step loop needs of each part, as Protocols: the real parts (SamplerGroup, TrainerGroup,
 the pipeline.weight_sync push objects, MetricsLogger) satisfy them structurally, and so does a
 test's fake, which is how the schedule is tested in seconds without Ray or a model
 (tests/pipeline/test_loop_schedule.py)."""

@@ -36,8 +36,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 from pipeline.engines.base import Engine, Generation, SamplingParams
 from pipeline.rollout_config import RolloutConfig, response_length_at
 from pipeline.sample import Sample
-from rewards.interface import RewardEnv, TaskRef, Turn, TurnOutcome
-from rewards.scrub import scrub as scrub_secrets
+from rewards.interface import RewardEnv, TaskRef, Turn, TurnOutcome, scrub
 
 OnSample = Callable[[Sample], "Awaitable[None] | None"]
 
@@ -200,7 +199,7 @@ class _Episodes:
             except asyncio.TimeoutError:
                 error = f"evaluation timed out after {self.cfg.eval_timeout_s}s"
             except Exception as e:  # the environment scrubs what it returns; an exception is not that
-                error = scrub_secrets(f"evaluation failed: {type(e).__name__}: {e}")
+                error = scrub(f"evaluation failed: {type(e).__name__}: {e}")
         sample = Sample(
             uid=f"{self.step}/{task.task_id}/{traj}/{turn}", step=self.step, task_id=task.task_id,
             traj=traj, turn=turn, prompt_ids=prompt_ids, response_ids=list(gen.token_ids),

@@ -1,10 +1,11 @@
-"""Sampler workers (Ray async actors) and the pool that splits a batch across them.
+"""Sampler workers (Ray async actors) and the group that splits a batch across them.
 
 ``SamplerWorker(model_cfg, rollout_cfg, env_spec, worker_index=0, gpu_memory_fraction=None)``
 holds one engine and one RewardEnv, both built inside the actor. ``env_spec`` is a mapping with
-``_target_`` (Hydra ``instantiate``: e.g. ``{"_target_": "rewards.toy.ToyEnv", "delay_s": 0.1}``
-or ``rewards.env.KernelEnv``'s config), a ``"module:Class"`` / ``"module.Class"`` string, or a
-picklable zero-argument callable. Actor methods:
+``_target_`` (Hydra ``instantiate``: e.g. ``{"_target_": "rewards.toy.ToyEnv", "delay_s": 0.1}``),
+a ``"module:Class"`` / ``"module.Class"`` string, or a picklable callable: of no argument, or of
+the worker's index when marked ``per_worker`` (what ``rewards.interface.env_spec`` gives for
+the kernel env, so each worker times on its own evaluation GPUs). Actor methods:
 
 * ``generate(step, tasks, version, starts=None)``: a streaming generator: lists of ``Sample``,
   each list every sample scored since the last one went out (a Ray stream pays a round trip per
@@ -18,16 +19,17 @@ picklable zero-argument callable. Actor methods:
   checksum comparison) and ``join_weight_group(...)`` come from the mixin.
 * ``tasks(split)``, ``stats()``, ``sleep()``, ``wake()``, ``ping()``, ``aclose()``.
 
-``SamplerPool(model_cfg, rollout_cfg, env_spec, pool=None, n_workers=1, ...)`` spawns one worker
-per bundle of ``pool`` (a :class:`pipeline.pools.Pool`, i.e. anything with ``len`` and
-``actor_options(i)``) or ``n_workers`` plain actors; ``actor_options`` (one dict, or one per
-worker) adds or overrides Ray options such as ``scheduling_strategy``. Then::
+``SamplerGroup(model_cfg, rollout_cfg, env_spec, resource_pool=None, n_workers=1, ...)`` spawns one
+worker per bundle of ``resource_pool`` (a :class:`pipeline.resources.ResourcePool`, i.e.
+anything with ``len`` and ``actor_options(i)``) or ``n_workers`` plain actors; ``actor_options``
+(one dict, or one per worker) adds or overrides Ray options such as ``scheduling_strategy``. Then::
 
-    async for sample in pool.generate(step, tasks, version): ...   # merged streams
-    async for sample in pool.generate(step, tasks, version, starts): ...  # continuing trajectories
-    pool.last_stats                                                # BatchStats of that batch
-    await pool.update_weights(payload, version)                    # every worker
-    await pool.sleep(); await pool.wake(); await pool.stats(); pool.workers; pool.shutdown()
+    async for sample in samplers.generate(step, tasks, version): ...   # merged streams
+    async for sample in samplers.generate(step, tasks, version, starts): ...  # continuing trajectories
+    samplers.last_stats                                                # BatchStats of that batch
+    await samplers.update_weights(payload, version)                    # every worker
+    await samplers.sleep(); await samplers.wake(); await samplers.stats()
+    samplers.workers; samplers.shutdown()
 
 Tasks are dealt whole (all trajectories of a task on one worker, so prefix caching sees them),
 round-robin in the given order.
@@ -171,18 +173,18 @@ def _actor_lost(e: BaseException) -> bool:
     return isinstance(e, (ActorDiedError, ActorUnavailableError, RayActorError))
 
 
-class SamplerPool:
+class SamplerGroup:
     """k sampler workers behind one ``generate`` stream (see the module docstring)."""
 
-    def __init__(self, model_cfg: Any, rollout_cfg: Any, env_spec: Any, pool: Any = None,
+    def __init__(self, model_cfg: Any, rollout_cfg: Any, env_spec: Any, resource_pool: Any = None,
                  n_workers: int = 1, num_cpus: float = 1.0, num_gpus: float = 0.0,
                  gpu_memory_fraction: float | None = None, env_vars: dict[str, str] | None = None,
                  actor_options: dict[str, Any] | list[dict[str, Any]] | None = None) -> None:
         import ray
 
-        n = len(pool) if pool is not None else n_workers
+        n = len(resource_pool) if resource_pool is not None else n_workers
         if n < 1:
-            raise ValueError(f"SamplerPool needs at least one worker (got {n})")
+            raise ValueError(f"SamplerGroup needs at least one worker (got {n})")
         extra = actor_options if isinstance(actor_options, list) else [actor_options or {}] * n
         if len(extra) != n:
             raise ValueError(f"actor_options has {len(extra)} entries for {n} sampler workers")
@@ -191,7 +193,7 @@ class SamplerPool:
         self.workers: list[Any] = []
         self._spawn_args: list[tuple[dict[str, Any], tuple]] = []
         for i in range(n):
-            opts = pool.actor_options(i) if pool is not None else {"num_cpus": num_cpus,
+            opts = resource_pool.actor_options(i) if resource_pool is not None else {"num_cpus": num_cpus,
                                                                     "num_gpus": num_gpus}
             if env_vars:
                 opts["runtime_env"] = {"env_vars": dict(env_vars)}

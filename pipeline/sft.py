@@ -72,7 +72,7 @@ def run(cfg: DictConfig, run_dir: str | Path) -> Path:
     from pipeline.config import check_required
     from pipeline.metrics import MetricsLogger
     from pipeline.models.load import load_tokenizer
-    from pipeline.pools import create_pools, init_ray
+    from pipeline.resources import create_resource_pools, init_ray
     from pipeline.sft_data import tokenize
     from pipeline.trainer import TrainerGroup
     from rewards.env import KernelEnv
@@ -106,7 +106,7 @@ def run(cfg: DictConfig, run_dir: str | Path) -> Path:
             trainer = LocalTrainer(*args, total_optim_steps=steps)
         else:
             started = init_ray(conf.resources, runtime_env={"env_vars": env_vars})
-            pools = create_pools(conf.resources)
+            pools = create_resource_pools(conf.resources)
             trainer = TrainerGroup(pools.trainer, *args, total_optim_steps=steps, env_vars=env_vars)
         logger = MetricsLogger(conf.logger, run_dir, run_name=f"{conf.name}", resolved_config=resolved)
         model_dir = train(trainer, logger, rows, tokenizer.pad_token_id, s, total,

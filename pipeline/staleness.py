@@ -1,7 +1,7 @@
 """Bounded staleness: the bound ``pipeline.max_staleness`` (k), what a batch over it becomes, and the
 metrics of policy lag and of the sampler/trainer mismatch.
 
-Versions: the trainer's weights after v optimiser rounds are version v, so batch ``b`` is trained
+Versions: the trainer's weights after v training steps are version v, so batch ``b`` is trained
 by version ``b`` (counting from the run's first step). Every Sample is one turn and carries the
 version that generated it (``policy_version``), so a trajectory whose turns straddle a push records
 the change turn by turn. Policy lag of a sample = trainer version at train time - its version.

@@ -1,4 +1,4 @@
-"""What each pool did when: spans (lane, kind, step, start, end) recorded by the loop, drawn as a
+"""What each part of the loop did when: spans (lane, kind, step, start, end) recorded by the loop, drawn as a
 bar chart (matplotlib, headless) and queried for overlap (the one-off schedule's whole point).
 
 Lanes: ``sampler`` (gen: first prompt in to last token out of a batch), ``reward`` (union of the

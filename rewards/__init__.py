@@ -1,4 +1,5 @@
 """Task semantics: task sets and loaders, prompts and feedback, parsing, anti-hack rules, scores.
 
-The pipeline sees only :mod:`rewards.interface`.
+The pipeline's training and evaluation see only :mod:`rewards.interface`; its supervised warm
+start also reads the answer corpus, prompts and rules.
 """

@@ -1,4 +1,5 @@
-"""Schema of the reward configuration. Types only: values live in conf/reward/<name>.yaml."""
+"""Schemas of the environments' configurations (the kernel env's ``reward`` group and the toy
+env's ``toy`` group). Types only: values live in conf/reward/<name>.yaml and conf/toy/default.yaml."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,7 +10,7 @@ from omegaconf import MISSING, OmegaConf
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf" / "reward"
 BACKENDS = ("cpu", "triton", "cuda")
-EXCESSIVE_SPEEDUP = ("cap", "zero")
+EXCESSIVE_SPEEDUP_POLICIES = ("cap", "zero")
 
 
 @dataclass
@@ -34,12 +35,22 @@ class RewardConfig:
     correct_weight: float = MISSING     # score = correct_weight * correct + speedup_weight * speedup * correct
     speedup_weight: float = MISSING
     speedup_cap: float | None = MISSING  # speedup credited at most this (null: no cap)
-    excessive_speedup: str = MISSING    # speedup the sandbox flagged as excessive: cap | zero
+    excessive_speedup_policy: str = MISSING  # speedup the sandbox flagged as excessive: cap | zero
     feedback_log_chars: int = MISSING   # compiler / runtime log kept in feedback
     verdict_text_chars: int = MISSING   # sandbox error / log tail kept in the verdict (after secrets are scrubbed)
     max_answer_chars: int = MISSING     # longer responses are rejected as too_long
     max_summary_chars: int = MISSING    # summary kept for later turns
     rules: RulesConfig = field(default_factory=RulesConfig)
+
+
+@dataclass
+class ToyEnvConfig:
+    """rewards.toy.ToyEnv (env=toy): a reward a tiny random model learns in a few steps."""
+
+    target: str = MISSING
+    n_tasks: int = MISSING
+    n_holdout: int = MISSING
+    delay_s: float = MISSING
 
 
 def _load_group_yaml(name: str, seen: tuple[str, ...] = ()) -> Any:
@@ -94,8 +105,9 @@ def validate(cfg: Any) -> None:
         errors.append("reward.correct_weight / reward.speedup_weight: expected >= 0")
     if cfg.speedup_cap is not None and cfg.speedup_cap <= 0:
         errors.append(f"reward.speedup_cap={cfg.speedup_cap}: expected null or > 0")
-    if cfg.excessive_speedup not in EXCESSIVE_SPEEDUP:
-        errors.append(f"reward.excessive_speedup={cfg.excessive_speedup!r}: expected one of {EXCESSIVE_SPEEDUP}")
+    if cfg.excessive_speedup_policy not in EXCESSIVE_SPEEDUP_POLICIES:
+        errors.append(f"reward.excessive_speedup_policy={cfg.excessive_speedup_policy!r}: expected one of "
+                      f"{EXCESSIVE_SPEEDUP_POLICIES}")
     for key in ("feedback_log_chars", "verdict_text_chars", "max_answer_chars", "max_summary_chars"):
         if getattr(cfg, key) < 1:
             errors.append(f"reward.{key}={getattr(cfg, key)}: expected >= 1")

@@ -98,7 +98,8 @@ class KernelEnv:
             log.error("KernelEnv.evaluate failed for %s: %s", task.task_id,
                       self.scrubber.scrub(traceback.format_exc()))
             outcome = TurnOutcome(score=0.0, feedback="The evaluator failed on this attempt; answer again.",
-                                  error_kind="sandbox_error", verdict={"error": f"{type(e).__name__}: {e}"})
+                                  error_kind="sandbox_error", verdict={"error": f"{type(e).__name__}: {e}"},
+                                  metrics=sandbox_metrics(None))
         return self._scrubbed(outcome)
 
     # ---- secrets ----
@@ -149,7 +150,8 @@ class KernelEnv:
                                parse_ok=parsed.ok, hacks=hacks,
                                error_kind=parsed.error_kind if not parsed.ok else "rule_violation",
                                verdict={"parse_error": parsed.error,
-                                        "violations": [{"rule": v.rule, "reason": v.reason} for v in violations]})
+                                        "violations": [{"rule": v.rule, "reason": v.reason} for v in violations]},
+                               metrics=sandbox_metrics(None))
         result = _runtime_violation(self._scrubbed_result(await self._run(task, parsed.code)))
         hacks: list[str] = []
         if result.error_kind == "rule_violation":  # every static rule passed, yet the sandbox caught it
@@ -161,7 +163,8 @@ class KernelEnv:
             feedback=result_feedback(result, cfg.feedback_log_chars, breakdown.score, breakdown.note),
             summary=summary, answer=answer, parse_ok=True, compiled=result.compiled, correct=result.correct,
             speedup=result.speedup, hacks=hacks, error_kind=result.error_kind,
-            verdict={**result.to_dict(), "credited_speedup": breakdown.credited_speedup, "score_note": breakdown.note})
+            verdict={**result.to_dict(), "credited_speedup": breakdown.credited_speedup, "score_note": breakdown.note},
+            metrics=sandbox_metrics(result), evaluated=True)
 
     async def _run(self, task: Task, code: str) -> EvalResult:
         try:
@@ -174,6 +177,17 @@ class KernelEnv:
         if isinstance(result, dict):
             result = EvalResult.from_dict(result)
         return result
+
+
+def sandbox_metrics(result: EvalResult | None) -> dict[str, float]:
+    """The sandbox/* metrics of one outcome (TurnOutcome.metrics says how the pipeline reduces
+    them). Every outcome of this env counts as an evaluation, one the sandbox never ran (a parse or
+    rule failure, an evaluator error) as a cache miss without a compile."""
+    out = {"sandbox/evals_per_min": 1.0,
+           "sandbox/cache_hit_rate": float(bool(result is not None and result.cache_hit))}
+    if result is not None and "compile" in result.wall_s:
+        out["sandbox/compile_s_p50"] = float(result.wall_s["compile"])
+    return out
 
 
 def _runtime_violation(result: EvalResult) -> EvalResult:

@@ -1,13 +1,26 @@
-"""The reward interface: the only thing ``pipeline/`` knows about kernels.
+"""The reward interface: all that ``pipeline/`` knows about kernels when it trains and evaluates.
 
 An environment turns (task, conversation so far) into chat messages, and a model response into a
 scored :class:`TurnOutcome` whose feedback feeds the next turn. ``evaluate`` is async so the
-rollout side can await many at once while generation continues.
+rollout side can await many at once while generation continues. The pipeline also takes from here
+the environments' config schemas (its root config composes them), the checks of those configs and
+the one factory that builds an environment inside a sampler actor, so it imports nothing else of
+``rewards/`` or ``sandbox/`` to run one.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+from rewards.config import RewardConfig, ToyEnvConfig  # env schemas the root config composes
+from rewards.scrub import scrub  # the secret scrubber, for text the pipeline writes itself
+from sandbox.config import EvalConfig  # the kernel env's sandbox schema, composed likewise
+
+__all__ = ["ENVS", "EvalConfig", "RewardConfig", "RewardEnv", "TaskRef", "ToyEnvConfig", "Turn",
+           "TurnOutcome", "check_env_config", "env_spec", "kernel_env", "scrub"]
+
+ENVS = ("kernel", "toy")  # the root config's ``env`` key: which RewardEnv the samplers build
 
 
 @dataclass
@@ -33,6 +46,12 @@ class TurnOutcome:
     hacks: list[str] = field(default_factory=list)   # names of rules the answer broke
     error_kind: str | None = None      # parse/rule/evaluator error class, None when correct
     verdict: dict[str, Any] = field(default_factory=dict)  # full evaluator record (EvalResult.to_dict())
+    # what the environment wants logged for this turn, by metric name; the pipeline reduces each
+    # name over the batch's turns that carry it (pipeline.metrics.env_metrics): a name ending in
+    # ``_per_min`` logs the sum per minute of the batch's wall time, ``_p50`` the median, any
+    # other the mean
+    metrics: dict[str, float] = field(default_factory=dict)
+    evaluated: bool = False            # the evaluator ran the answer (so its latency is an evaluation's)
 
 
 @dataclass
@@ -59,3 +78,41 @@ class RewardEnv(Protocol):
 
     async def aclose(self) -> None:
         """Release evaluator processes."""
+
+
+def env_spec(env: str, reward: Any, sandbox: Any, toy: Any,
+             eval_gpus: list[list[int]] | None = None) -> Any:
+    """What each sampler actor builds its environment from (``pipeline.sampler.build_env``), for the
+    root config's ``env``, ``reward``, ``sandbox`` and ``toy`` groups. ``eval_gpus[i]``: the
+    dedicated evaluation GPUs of sampler worker i (None: the sandbox config's own ``gpu_ids``)."""
+    if env == "toy":
+        return {"_target_": "rewards.toy.ToyEnv", "target": toy.target, "n_tasks": toy.n_tasks,
+                "n_holdout": toy.n_holdout, "delay_s": toy.delay_s}
+    if env != "kernel":
+        raise ValueError(f"env={env!r}: expected one of {ENVS}")
+    spec = functools.partial(kernel_env, reward, sandbox, eval_gpus)
+    spec.per_worker = True  # type: ignore[attr-defined]  # build_env passes the worker's index
+    return spec
+
+
+def kernel_env(reward: Any, sandbox: Any, eval_gpus: list[list[int]] | None = None,
+               worker_index: int = 0) -> RewardEnv:
+    """Built inside a sampler actor: the kernel env and its own evaluation pool, timing on worker
+    ``worker_index``'s share of the evaluation GPUs when there are any."""
+    from omegaconf import OmegaConf
+
+    from rewards.env import KernelEnv
+
+    if eval_gpus:
+        sandbox = OmegaConf.merge(sandbox, {"gpu_ids": list(eval_gpus[worker_index])})
+    return KernelEnv.from_config(reward, sandbox)
+
+
+def check_env_config(env: str, reward: Any) -> None:
+    """The semantic checks of the chosen environment's config (ValueError naming the key)."""
+    if env not in ENVS:
+        raise ValueError(f"env={env!r}: expected one of {ENVS}")
+    if env == "kernel":
+        from rewards.config import validate
+
+        validate(reward)

@@ -280,12 +280,5 @@ def default_scrubber() -> Scrubber:
         return _DEFAULT[1]
 
 
-def reset_default_scrubber() -> None:
-    """Forget the cached scrubber (tests that change the environment)."""
-    global _DEFAULT
-    with _LOCK:
-        _DEFAULT = None
-
-
 def scrub(text: Any, max_chars: int | None = None) -> Any:
     return default_scrubber().scrub(text, max_chars)

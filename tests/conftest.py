@@ -45,7 +45,7 @@ def kernel_cache_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """One local Ray for the session (pipeline and sampling tests); logical CPUs above the 2 real
+    """One local Ray for the session (pipeline tests); logical CPUs above the 2 real
     ones (actors mostly wait). Three logical GPUs let placement tests split a cluster; nothing here asks a real GPU."""
     import ray
 

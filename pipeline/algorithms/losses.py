@@ -11,7 +11,7 @@ the mini-batch before ``backward`` (``pipeline.trainer.plan.micro_weight``):
 
 With that and one constant ``loss_scale_factor`` for the whole step (Dr. GRPO: the step's
 max response length, not the padded width of a micro-batch), the accumulated gradient equals the
-gradient of the whole mini-batch computed at once (tests/algorithms/test_losses.py).
+gradient of the whole mini-batch computed at once (tests/pipeline/algorithms/test_losses.py).
 """
 from __future__ import annotations
 

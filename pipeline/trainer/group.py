@@ -1,6 +1,8 @@
-"""Driver-side handle on the trainer ranks: spawns one :class:`TrainerWorker` actor per bundle of
-the trainer pool, rendezvous through rank 0's address, turns a list of samples into a
-``TrainBatch``, plans the split, and runs the step on all ranks at once."""
+"""Driver-side handle on the trainer ranks: one :class:`TrainerWorker` actor per bundle of the
+trainer's resource pool, joined into one torch.distributed group through rank 0's address.
+``train`` takes a ``TrainBatch`` (built by pipeline.algorithms.build_train_batch), plans its split
+over ranks, mini- and micro-batches (pipeline/trainer/plan.py) and runs the step on all ranks at
+once; the weight-sync methods make every rank take part in a push."""
 from __future__ import annotations
 
 import time

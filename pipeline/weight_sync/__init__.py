@@ -44,9 +44,10 @@ def choose_transport(name: str, colocated: bool, on_gpu: bool, shared_gpus: int 
     return "broadcast"
 
 
-def make_weight_sync(trainer: Any, samplers: Any, transport: str, timeout_s: float = 600.0,
+def make_weight_sync(trainer: Any, samplers: Any, transport: str, timeout_s: float,
                      verify: bool = True) -> WeightPushBase:
-    """The push object of ``transport`` (a name ``choose_transport`` returned)."""
+    """The push object of ``transport`` (a name ``choose_transport`` returned); ``timeout_s``
+    bounds forming a broadcast group (``pipeline.weight_sync_timeout_s``)."""
     if transport not in PUSHES:
         raise ValueError(f"pipeline.weight_sync={transport!r}: expected one of {tuple(PUSHES)} "
                          "(resolve 'auto' with choose_transport first)")

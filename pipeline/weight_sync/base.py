@@ -10,7 +10,7 @@ The contract (one implementation per transport, one file each):
   ``(HF name, tensor)`` pairs inside a sampler process, and ``finish(receiver)`` runs once the
   engine has copied them;
 * a **push** (:class:`WeightPushBase`) lives in the driver and orders the two sides through
-  :class:`~pipeline.trainer.group.TrainerGroup` and the sampler pool.
+  :class:`~pipeline.trainer.group.TrainerGroup` and the sampler group.
 
 Checksums are written here because no library offers an order-free exact fingerprint that stays
 equal when an engine fuses tensors (vLLM's ``qkv_proj`` is ``q_proj``, ``k_proj`` and ``v_proj``
@@ -226,7 +226,7 @@ def compare_checksums(expected: Checksums, engine_tensors: dict[str, torch.Tenso
 class WeightPushBase(ABC):
     """Pushes the trainer's weights to every sampler as a version; times each push.
 
-    ``trainer`` is a :class:`~pipeline.trainer.group.TrainerGroup`; ``samplers`` the sampler pool
+    ``trainer`` is a :class:`~pipeline.trainer.group.TrainerGroup`; ``samplers`` the sampler group
     (``await samplers.receive_weights(payload, version)`` hands a payload to every worker and
     returns one report each). ``verify``: the sender checksums what it sends and every sampler
     compares its engine's tensors after loading; a difference raises, naming the tensors.
@@ -237,7 +237,7 @@ class WeightPushBase(ABC):
     """
     transport: ClassVar[str] = ""
 
-    def __init__(self, trainer: Any, samplers: Any, timeout_s: float = 600.0, verify: bool = True) -> None:
+    def __init__(self, trainer: Any, samplers: Any, timeout_s: float, verify: bool = True) -> None:
         self.trainer, self.samplers = trainer, samplers
         self.timeout_s, self.verify = timeout_s, verify
         self.last_s = 0.0

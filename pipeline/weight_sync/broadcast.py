@@ -90,14 +90,14 @@ class BroadcastSender:
 
 
 class BroadcastPush(WeightPushBase):
-    """Forms the weight group at start, and again whenever the pool has replaced a worker since:
+    """Forms the weight group at start, and again whenever the sampler group has replaced a worker since:
     the replacement is not in the old group, whose world size still counts the lost one, so a
     broadcast there would hang."""
     transport = "broadcast"
 
-    def __init__(self, trainer: Any, samplers: Any, timeout_s: float = 600.0, verify: bool = True) -> None:
+    def __init__(self, trainer: Any, samplers: Any, timeout_s: float, verify: bool = True) -> None:
         super().__init__(trainer, samplers, timeout_s, verify)
-        self._group_restarts = -1  # the sampler pool's restart count when the group was formed
+        self._group_restarts = -1  # the sampler group's restart count when the group was formed
         self._form_group()
 
     def _form_group(self) -> None:

@@ -69,14 +69,11 @@ class _Timed:
 
 class WeightReceiverMixin:
     """For a sampler Ray actor with an ``engine``: ``join_weight_group`` and ``receive_weights``
-    as actor methods, ``weights_of(payload)``."""
+    as actor methods."""
 
     def join_weight_group(self, host: str, port: int, rank: int, world_size: int,
-                          timeout_s: float = 600.0) -> None:
+                          timeout_s: float) -> None:
         self._weight_receiver().join(host, port, rank, world_size, timeout_s)
-
-    def weights_of(self, payload: Any) -> Iterator[tuple[str, torch.Tensor]]:
-        return self._weight_receiver().named_tensors(payload)
 
     async def receive_weights(self, payload: Any, version: int) -> dict[str, Any]:
         """Load ``payload`` into the engine (off the event loop, so streams keep flowing); with the

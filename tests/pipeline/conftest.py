@@ -1,7 +1,11 @@
 from pathlib import Path
 from typing import Any
 
+import pytest
 from omegaconf import OmegaConf
+
+from pipeline.models import load_model_and_tokenizer, load_model_config
+from pipeline.rollout_config import load_rollout_config
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -12,3 +16,26 @@ def group(schema: type, name: str, **overrides: Any) -> Any:
     for k, v in overrides.items():
         OmegaConf.update(cfg, k, v, merge=False)
     return OmegaConf.to_object(cfg)
+
+
+def rollout_cfg(**overrides: Any):
+    """conf/rollout/hf.yaml shrunk for tests (tiny responses, few trajectories), then overrides."""
+    base = {"n_trajectories": 2, "turns": 2, "max_response_length": 12,
+            "response_length_schedule": [], "max_prompt_length": 1024,
+            "gen_timeout_s": 120, "eval_timeout_s": 60, "engine.hf.batch_wait_s": 0.01}
+    base.update(overrides)
+    return load_rollout_config("hf", [f"{k}={v}" for k, v in base.items()])
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """(model config, model, tokenizer): one tiny model for the session."""
+    cfg = load_model_config("tiny")
+    model, tokenizer = load_model_and_tokenizer(cfg)
+    return cfg, model, tokenizer
+
+
+@pytest.fixture(scope="session")
+def ray_sampling(ray_local):
+    """The session's local Ray (tests/conftest.py)."""
+    return ray_local

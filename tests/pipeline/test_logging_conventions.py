@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from pipeline.metric_names import logged_name, peak_flops, to_logged
-from pipeline.metrics import LoggerConfig, MetricsLogger, eval_latency_metrics, score_metrics
+from pipeline.metrics import LoggerConfig, MetricsLogger, env_metrics, eval_latency_metrics, score_metrics
 from pipeline.sample import Sample
 from pipeline.timeline import main as timeline_main, step_timings
 from pipeline.wandb_setup import has_stored_login, resolve_mode, sweep_names
@@ -149,10 +149,24 @@ def test_one_evaluations_p95_from_the_samples_timestamps():
     assert logged_name("timing/eval_p95") == "timing_s/eval_p95"
     assert eval_latency_metrics(samples[-1:]) == {}
     # kernel env: only what the sandbox ran is an evaluation, not an answer that failed to parse
-    samples[3].outcome = {"verdict": {"wall_s": {"total": 0.4}}}
-    samples[7].outcome = {"verdict": {"wall_s": {"total": 0.8}}}
-    samples[0].outcome = {"verdict": {"parse_error": "no fenced block"}}
+    samples[3].outcome = {"evaluated": True}
+    samples[7].outcome = {"evaluated": True}
+    samples[0].outcome = {"evaluated": False}
     assert eval_latency_metrics(samples)["timing/eval_p95"] == pytest.approx(0.8)
+
+
+def test_the_env_names_its_metrics_and_the_pipeline_reduces_them():
+    def sample(i, metrics):
+        return Sample(uid=f"0/t/{i}/0", step=0, task_id="t", traj=i, turn=0, prompt_ids=[1], response_ids=[2],
+                      logprobs=[], finish_reason="stop", score=0.0, policy_version=0, outcome={"metrics": metrics})
+
+    samples = [sample(0, {"sandbox/evals_per_min": 1.0, "sandbox/cache_hit_rate": 1.0, "sandbox/compile_s_p50": 9.0}),
+               sample(1, {"sandbox/evals_per_min": 1.0, "sandbox/cache_hit_rate": 0.0, "sandbox/compile_s_p50": 1.0}),
+               sample(2, {"sandbox/evals_per_min": 1.0, "sandbox/cache_hit_rate": 0.0, "sandbox/compile_s_p50": 2.0}),
+               sample(3, {})]  # a toy-env turn names nothing
+    assert env_metrics(samples, wall_s=30.0) == pytest.approx(
+        {"sandbox/evals_per_min": 6.0, "sandbox/cache_hit_rate": 1 / 3, "sandbox/compile_s_p50": 2.0})
+    assert env_metrics(samples[3:], wall_s=30.0) == {}
 
 
 def test_timeline_reads_the_logged_names(tmp_path, capsys):

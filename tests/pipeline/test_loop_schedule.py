@@ -116,7 +116,7 @@ def gen_versions(loop):
 
 def test_parts_satisfy_the_protocols(tmp_path):
     loop, _, _ = make(tmp_path, 1)
-    p = loop.p
+    p = loop.parts
     assert isinstance(p.samplers, Samplers) and isinstance(p.trainer, Trainer)
     assert isinstance(p.weight_sync, WeightPush) and isinstance(p.logger, Logger)
 

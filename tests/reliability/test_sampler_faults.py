@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from pipeline.models import load_model_and_tokenizer, load_model_config
-from pipeline.sampler import SamplerPool
+from pipeline.sampler import SamplerGroup
 from pipeline.weight_sync import ObjectStoreWeights, checksums
 from rewards.toy import ToyEnv
-from tests.sampling.conftest import rollout_cfg
+from tests.pipeline.conftest import rollout_cfg
 
 TRAJ = 2
 
@@ -100,8 +100,8 @@ def pool(ray_local, tmp_path_factory):
     killed: list[int] = []
     killer = threading.Thread(target=lambda: killed.append(asyncio.run(_kill_when_held(folder / "start_held"))))
     killer.start()
-    pool = SamplerPool(load_model_config("tiny"), rollout_cfg(n_trajectories=TRAJ, turns=1),
-                       HoldingEnv(str(folder)), n_workers=2, num_cpus=1)
+    pool = SamplerGroup(load_model_config("tiny"), rollout_cfg(n_trajectories=TRAJ, turns=1),
+                        HoldingEnv(str(folder)), n_workers=2, num_cpus=1)
     killer.join()
     (folder / "armed_start").unlink()
     pool.hold_dir, pool.killed_at_start = folder, killed[0]
@@ -219,9 +219,9 @@ async def test_sampler_killed_while_loading_a_cuda_ipc_push_is_replaced_and_load
     pool = None
     try:
         assert q_out.get(timeout=300) == "ready"
-        pool = SamplerPool(load_model_config("tiny"), rollout_cfg(n_trajectories=TRAJ, turns=1),
-                           {"_target_": "rewards.toy.ToyEnv", "n_tasks": 4}, n_workers=2, num_cpus=1,
-                           num_gpus=0.25)
+        pool = SamplerGroup(load_model_config("tiny"), rollout_cfg(n_trajectories=TRAJ, turns=1),
+                            {"_target_": "rewards.toy.ToyEnv", "n_tasks": 4}, n_workers=2, num_cpus=1,
+                            num_gpus=0.25)
         q_in.put(("send", 1))
         await pool.receive_weights(q_out.get(timeout=120), 1)  # both workers map the buffers
         q_in.put(("step",))

@@ -8,8 +8,8 @@ from collections import defaultdict
 import pytest
 
 from pipeline.models import load_model_config
-from pipeline.sampler import SamplerPool
-from tests.sampling.conftest import rollout_cfg
+from pipeline.sampler import SamplerGroup
+from tests.pipeline.conftest import rollout_cfg
 
 TOY = {"_target_": "rewards.toy.ToyEnv", "n_tasks": 4, "delay_s": 0.3}
 TRAJ, TURNS = 3, 2
@@ -30,8 +30,8 @@ def ray_local():
 
 async def test_killed_sampler_is_replaced_and_the_step_completes(ray_local):
     ray = ray_local
-    pool = SamplerPool(load_model_config("tiny"), rollout_cfg(n_trajectories=TRAJ, turns=TURNS, stream_buffer=2),
-                       TOY, n_workers=2, num_cpus=1)
+    pool = SamplerGroup(load_model_config("tiny"), rollout_cfg(n_trajectories=TRAJ, turns=TURNS, stream_buffer=2),
+                        TOY, n_workers=2, num_cpus=1)
     try:
         tasks = await pool.tasks("train")
         victim = pool.workers[0]

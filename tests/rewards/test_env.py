@@ -53,6 +53,7 @@ async def test_cpu_correct_answer_scores_and_off_by_one_scores_zero(kernel_cache
     assert ok.score > 0.3 and ok.speedup is not None and ok.score == pytest.approx(0.3 + min(ok.speedup, 10.0))
     assert "speedup" in ok.feedback and ok.summary == "I wrote one fused kernel." and "load_inline" in ok.answer
     assert ok.verdict["timed"] and ok.verdict["backend"] == "cpu"
+    assert ok.evaluated and {"sandbox/evals_per_min", "sandbox/cache_hit_rate"} <= set(ok.metrics)
     assert bad.score == 0.0 and not bad.correct and bad.compiled and bad.error_kind == "wrong_output"
     assert "wrong" in bad.feedback and bad.hacks == []
 
@@ -118,6 +119,8 @@ async def test_unusable_responses_score_zero_and_never_raise(response, kind, ker
     finally:
         await env.aclose()
     assert outcome.score == 0.0 and outcome.error_kind == kind and not outcome.parse_ok
+    # never run by the sandbox, yet counted as an evaluation (as pipeline.metrics always did)
+    assert not outcome.evaluated and outcome.metrics == {"sandbox/evals_per_min": 1.0, "sandbox/cache_hit_rate": 0.0}
     assert "```python" in outcome.feedback
 
 

@@ -30,9 +30,8 @@ def secrets_env(monkeypatch, tmp_path):
     monkeypatch.setenv("MY_SERVICE_PASSWORD", GCS)
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
     monkeypatch.setenv("WANDB_DIR", "/work/runs/some/dir")
-    scrub_mod.reset_default_scrubber()
+    monkeypatch.setattr(scrub_mod, "_DEFAULT", None)  # the cached scrubber saw the old environment
     yield home
-    scrub_mod.reset_default_scrubber()
 
 
 def test_environment_and_file_secrets_are_redacted(secrets_env):

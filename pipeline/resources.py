@@ -1,14 +1,15 @@
-"""Static split of the Ray cluster into a sampler pool, a trainer pool and, optionally, a
-dedicated evaluation pool (placement groups).
+"""Static split of the Ray cluster into resource pools (verl's word): a sampler pool, a trainer pool
+and, optionally, a dedicated evaluation pool.
 
-Each pool is one placement group of identical bundles: one bundle per sampler worker (its GPUs
-for a tensor-parallel engine, or none on CPU) and one bundle per trainer rank (one GPU, or none
-for a CPU rank). Any N:M split works, on one node or many (``strategy``). On a machine with fewer
-GPUs than the two pools ask for together, both pools may share the same GPUs (``colocate``):
-each bundle then takes a fraction of a GPU and the engine/trainer cap their memory to it.
+Each resource pool is one Ray placement group of identical bundles: one bundle per sampler worker
+(its GPUs for a tensor-parallel engine, or none on CPU) and one bundle per trainer rank (one GPU,
+or none for a CPU rank). Any N:M split works, on one node or many (``strategy``). On a machine
+with fewer GPUs than the two pools ask for together, both pools may share the same GPUs
+(``colocate``): each bundle then takes a fraction of a GPU and the engine/trainer cap their
+memory to it.
 
-``plan_pools`` is pure (cluster resources in, bundle lists out) so the placement arithmetic is
-testable without Ray; ``create_pools`` reserves the groups and waits for them.
+``plan_resources`` is pure (cluster resources in, bundle lists out) so the placement arithmetic is
+testable without Ray; ``create_resource_pools`` reserves the groups and waits for them.
 
 The kernel evaluator (sandbox) runs inside each sampler worker. With ``resources.evaluator.gpus
 = 0`` it times kernels on the GPUs that worker sees (the engine's); with N > 0 a third placement
@@ -71,12 +72,12 @@ STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 COLOCATE = ("auto", "always", "never")
 
 
-class PoolsDoNotFit(ValueError):
+class ResourcesDoNotFit(ValueError):
     """The requested split does not fit the cluster; the message names the config keys."""
 
 
 @dataclass
-class PoolPlan:
+class ResourcePlan:
     """Bundles for each pool. ``colocated``: both pools share the same GPUs."""
 
     sampler_bundles: list[dict[str, float]]
@@ -95,7 +96,7 @@ class PoolPlan:
         return len(self.trainer_bundles)
 
 
-def plan_pools(cfg: ResourcesConfig, cluster: dict[str, float]) -> PoolPlan:
+def plan_resources(cfg: ResourcesConfig, cluster: dict[str, float]) -> ResourcePlan:
     """Bundles per pool for ``cfg`` on a cluster with ``cluster`` resources (ray.cluster_resources())."""
     s, t = cfg.sampler, cfg.trainer
     if cfg.strategy not in STRATEGIES:
@@ -121,7 +122,7 @@ def plan_pools(cfg: ResourcesConfig, cluster: dict[str, float]) -> PoolPlan:
     have_gpus = float(cluster.get("GPU", 0.0))
     have_cpus = float(cluster.get("CPU", 0.0))
     if e.gpus > have_gpus + 1e-9:
-        raise PoolsDoNotFit(f"resources.evaluator.gpus={e.gpus} GPUs requested, but the Ray cluster "
+        raise ResourcesDoNotFit(f"resources.evaluator.gpus={e.gpus} GPUs requested, but the Ray cluster "
                             f"has {have_gpus:g}")
     # evaluation GPUs are whole and never shared: the two other pools split what is left
     have_gpus -= e.gpus
@@ -141,7 +142,7 @@ def plan_pools(cfg: ResourcesConfig, cluster: dict[str, float]) -> PoolPlan:
                     " (resources.colocate=never forbids sharing GPUs between the pools)"
                     if cfg.colocate == "never" and shareable else "")
             held = f" after resources.evaluator.gpus={e.gpus}" if e.gpus else ""
-            raise PoolsDoNotFit(
+            raise ResourcesDoNotFit(
                 f"resources.sampler.gpus={s.gpus} + resources.trainer.gpus={t.gpus} = {want_gpus} "
                 f"GPUs requested, but the Ray cluster has {have_gpus:g}{held}{hint}. Lower them, or "
                 "give resources.ray.address of a larger cluster.")
@@ -151,13 +152,13 @@ def plan_pools(cfg: ResourcesConfig, cluster: dict[str, float]) -> PoolPlan:
     if colocated:
         fs, ft = s.gpu_memory_fraction, t.gpu_memory_fraction
         if fs <= 0 or ft <= 0 or fs + ft > 1.0 + 1e-9:
-            raise PoolsDoNotFit(
+            raise ResourcesDoNotFit(
                 f"the pools share GPUs, so resources.sampler.gpu_memory_fraction={fs} + "
                 f"resources.trainer.gpu_memory_fraction={ft} must be in (0, 1]")
         # Ray accepts fractional GPUs only below 1 per bundle: a tensor-parallel engine on shared
         # GPUs would need several fractional bundles; one GPU per sampler worker is what fits.
         if s.gpus_per_worker != 1:
-            raise PoolsDoNotFit(
+            raise ResourcesDoNotFit(
                 f"shared GPUs need resources.sampler.gpus_per_worker=1 (got {s.gpus_per_worker})")
         sampler_bundle = {"GPU": fs, "CPU": s.cpus_per_worker}
         trainer_bundle = {"GPU": ft, "CPU": t.cpus_per_rank}
@@ -181,12 +182,12 @@ def plan_pools(cfg: ResourcesConfig, cluster: dict[str, float]) -> PoolPlan:
     if want_cpus > have_cpus + 1e-9:
         extra = (f" + {e.gpus} evaluator GPUs x resources.evaluator.cpus_per_gpu={e.cpus_per_gpu}"
                  if e.gpus else "")
-        raise PoolsDoNotFit(
+        raise ResourcesDoNotFit(
             f"{n_samplers} sampler workers x resources.sampler.cpus_per_worker="
             f"{s.cpus_per_worker} + {ranks} trainer ranks x resources.trainer.cpus_per_rank="
             f"{t.cpus_per_rank}{extra} = {want_cpus:g} CPUs requested, but the Ray cluster has "
             f"{have_cpus:g} (resources.ray.cpu_oversubscribe raises a local cluster's count)")
-    return PoolPlan(
+    return ResourcePlan(
         sampler_bundles=[dict(sampler_bundle) for _ in range(n_samplers)],
         trainer_bundles=[dict(trainer_bundle) for _ in range(ranks)],
         colocated=colocated, sampler_gpus_per_worker=s_gpw, trainer_gpu_per_rank=t_gpr,
@@ -194,7 +195,7 @@ def plan_pools(cfg: ResourcesConfig, cluster: dict[str, float]) -> PoolPlan:
 
 
 @dataclass
-class Pool:
+class ResourcePool:
     """One reserved placement group; ``actor_options(i)`` places an actor on bundle i."""
 
     name: str
@@ -216,11 +217,11 @@ class Pool:
 
 
 @dataclass
-class Pools:
-    plan: PoolPlan
-    sampler: Pool
-    trainer: Pool
-    evaluator: Pool | None = None
+class ResourcePools:
+    plan: ResourcePlan
+    sampler: ResourcePool
+    trainer: ResourcePool
+    evaluator: ResourcePool | None = None
 
     def remove(self) -> None:
         from ray.util.placement_group import remove_placement_group
@@ -234,14 +235,14 @@ class Pools:
                 pass
 
 
-def create_pools(cfg: ResourcesConfig) -> Pools:
+def create_resource_pools(cfg: ResourcesConfig) -> ResourcePools:
     """Reserve both pools on the running Ray cluster, or fail naming the keys."""
     import ray
     from ray.util.placement_group import placement_group
 
     import uuid
 
-    plan = plan_pools(cfg, ray.cluster_resources())
+    plan = plan_resources(cfg, ray.cluster_resources())
     groups = {}
     tag = uuid.uuid4().hex[:8]  # group names are cluster-wide: several jobs may share a cluster
     named = [("sampler", plan.sampler_bundles), ("trainer", plan.trainer_bundles)]
@@ -249,19 +250,19 @@ def create_pools(cfg: ResourcesConfig) -> Pools:
         named.append(("evaluator", plan.evaluator_bundles))
     for name, bundles in named:
         pg = placement_group(bundles, strategy=cfg.strategy, name=f"{name}_pool_{tag}")
-        groups[name] = Pool(name, bundles, pg)
+        groups[name] = ResourcePool(name, bundles, pg)
     for pool in groups.values():
         ready, _ = ray.wait([pool.placement_group.ready()], timeout=cfg.placement_timeout_s)
         if not ready:
-            raise PoolsDoNotFit(
+            raise ResourcesDoNotFit(
                 f"the {pool.name} pool ({len(pool.bundles)} x {pool.bundles[0]}) was not placed "
                 f"within resources.placement_timeout_s={cfg.placement_timeout_s}: the cluster's "
                 f"free resources are {ray.available_resources()}; with resources.strategy="
                 f"{cfg.strategy} the bundles may not fit per node")
-    return Pools(plan, groups["sampler"], groups["trainer"], groups.get("evaluator"))
+    return ResourcePools(plan, groups["sampler"], groups["trainer"], groups.get("evaluator"))
 
 
-def bundle_nodes(pool: Pool) -> list[str]:
+def bundle_nodes(pool: ResourcePool) -> list[str]:
     """The node id each bundle of a reserved pool was placed on."""
     from ray.util.placement_group import placement_group_table
 
@@ -269,7 +270,7 @@ def bundle_nodes(pool: Pool) -> list[str]:
     return [table[i] for i in range(len(pool.bundles))]
 
 
-def evaluator_gpu_ids(pool: Pool) -> list[tuple[str, int]]:
+def evaluator_gpu_ids(pool: ResourcePool) -> list[tuple[str, int]]:
     """(node id, GPU index) of each evaluation bundle, as Ray assigned them (a task per bundle
     asks; it ends at once, the bundle stays reserved so nothing else is placed there)."""
     import ray
@@ -299,7 +300,7 @@ def assign_evaluator_gpus(sampler_nodes: list[str], eval_gpus: list[tuple[str, i
     for node, workers in workers_on.items():
         gpus = sorted(by_node.get(node, []))
         if not gpus:
-            raise PoolsDoNotFit(
+            raise ResourcesDoNotFit(
                 f"resources.evaluator.gpus: no evaluation GPU was placed on the node of sampler "
                 f"worker(s) {workers}; their evaluator runs in the worker, so each sampler node "
                 f"needs its own (raise resources.evaluator.gpus, or resources.strategy=STRICT_PACK "

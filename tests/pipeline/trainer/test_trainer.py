@@ -8,7 +8,7 @@ import torch
 
 from pipeline.algorithms import AlgorithmConfig, build_train_batch
 from pipeline.models import ModelConfig, load_model_and_tokenizer, save_tiny_checkpoint
-from pipeline.pools import ResourcesConfig, create_pools
+from pipeline.resources import ResourcesConfig, create_resource_pools
 from pipeline.sample import Sample
 from pipeline.trainer import TrainerConfig, TrainerGroup, plan_step
 from tests.pipeline.conftest import group
@@ -72,7 +72,7 @@ def run_step(ray_local, configs, world_size, batch, correction="off", model_cfg=
     algo_cfg = dataclasses.replace(algo_cfg, off_policy_correction=correction)
     res = group(ResourcesConfig, "resources/default", **{"trainer.cpu_ranks": world_size,
                                                          "sampler.cpus_per_worker": 0.01})
-    pools = create_pools(res)
+    pools = create_resource_pools(res)
     trainer = TrainerGroup(pools.trainer, model_cfg, trainer_cfg, algo_cfg, MAX_RESPONSE,
                            temperature=1.0, total_optim_steps=4)
     try:

@@ -5,7 +5,7 @@ from pipeline.engines.hf import HFEngine
 from pipeline.rollout import fit_prompt, run_episodes
 from rewards.interface import Turn
 
-from .conftest import rollout_cfg
+from tests.pipeline.conftest import rollout_cfg
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError
 
 from pipeline.algorithms import AlgorithmConfig, check_algorithm_config
-from tests.algorithms.conftest import CONF, algo
+from tests.pipeline.algorithms.conftest import CONF, algo
 
 
 @pytest.mark.parametrize("name", ["grpo_plus", "grpo"])

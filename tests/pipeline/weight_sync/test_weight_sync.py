@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from pipeline.models import ModelConfig, load_model_and_tokenizer
-from pipeline.pools import ResourcesConfig, create_pools
+from pipeline.resources import ResourcesConfig, create_resource_pools
 from pipeline.rollout_config import load_rollout_config
-from pipeline.sampler import SamplerPool
+from pipeline.sampler import SamplerGroup
 from pipeline.trainer import TrainerConfig, TrainerGroup, TrainerWorker
 from pipeline.trainer.worker import free_port
 from pipeline.weight_sync import (checksums, choose_transport, flat_layouts, make_weight_sync, pack,
@@ -43,8 +43,8 @@ def test_push_reaches_every_sampler(ray_local):
     other = group(ModelConfig, "model/tiny", **{"tiny.seed": 1})
     rollout = load_rollout_config("hf", ["n_trajectories=2", "turns=1", "max_response_length=8",
                                          f"temperature={TEMPERATURE}", "response_length_schedule=[]"])
-    pools = create_pools(group(ResourcesConfig, "resources/default", **{"sampler.cpu_workers": 2}))
-    samplers = SamplerPool(base, rollout, {"_target_": "rewards.toy.ToyEnv"}, pool=pools.sampler)
+    pools = create_resource_pools(group(ResourcesConfig, "resources/default", **{"sampler.cpu_workers": 2}))
+    samplers = SamplerGroup(base, rollout, {"_target_": "rewards.toy.ToyEnv"}, resource_pool=pools.sampler)
     trainer = TrainerGroup(pools.trainer, other, group(TrainerConfig, "trainer/fsdp2"), None,
                            max_response_length=8, temperature=TEMPERATURE, total_optim_steps=1)
     model0, _ = load_model_and_tokenizer(base)
@@ -55,7 +55,7 @@ def test_push_reaches_every_sampler(ray_local):
         assert max_gap(model0, before) < 1e-4 and max_gap(model1, before) > 1e-2
 
         assert choose_transport("auto", colocated=False, on_gpu=False) == "object_store"
-        sync = make_weight_sync(trainer, samplers, "object_store")
+        sync = make_weight_sync(trainer, samplers, "object_store", timeout_s=120)
         seconds = asyncio.run(sync.push(1))
         assert seconds > 0
         stats = sync.last_stats  # every tensor compared on every engine, the time split in parts

@@ -5,7 +5,7 @@ import torch
 from pipeline.algorithms import build_train_batch
 from pipeline.algorithms import pack_rows
 from pipeline.sample import Sample
-from tests.algorithms.conftest import algo
+from tests.pipeline.algorithms.conftest import algo
 
 
 def samples(vocab):

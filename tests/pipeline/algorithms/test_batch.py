@@ -3,7 +3,7 @@ import torch
 
 from pipeline.algorithms import build_train_batch, rollout_metrics
 from pipeline.sample import Sample
-from tests.algorithms.conftest import algo
+from tests.pipeline.algorithms.conftest import algo
 
 
 def sample(task, traj, turn, score, n_resp=3, finish="stop", text="", step=0):

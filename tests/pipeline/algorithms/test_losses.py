@@ -7,7 +7,7 @@ from verl.workers.config import ActorConfig
 
 from pipeline.algorithms import policy_loss, tis_weights
 from pipeline.trainer.plan import micro_weight
-from tests.algorithms.conftest import algo
+from tests.pipeline.algorithms.conftest import algo
 
 MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean"]
 

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline.pools import PoolsDoNotFit, ResourcesConfig, create_pools, plan_pools
+from pipeline.resources import ResourcesDoNotFit, ResourcesConfig, create_resource_pools, plan_resources
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "resources"
 
@@ -17,13 +17,13 @@ def resources(**overrides) -> ResourcesConfig:
 
 
 def test_cpu_only_default_plan():
-    plan = plan_pools(resources(), {"CPU": 8})
+    plan = plan_resources(resources(), {"CPU": 8})
     assert plan.n_samplers == 1 and plan.world_size == 1 and not plan.colocated
     assert plan.sampler_bundles == [{"CPU": 1}] and plan.trainer_bundles == [{"CPU": 1}]
 
 
 def test_n_to_m_split_on_gpus():
-    plan = plan_pools(resources(**{"sampler.gpus": 6, "sampler.gpus_per_worker": 2,
+    plan = plan_resources(resources(**{"sampler.gpus": 6, "sampler.gpus_per_worker": 2,
                                    "trainer.gpus": 10}), {"CPU": 64, "GPU": 16})
     assert plan.n_samplers == 3 and plan.sampler_bundles[0]["GPU"] == 2
     assert plan.world_size == 10 and all(b["GPU"] == 1 for b in plan.trainer_bundles)
@@ -31,7 +31,7 @@ def test_n_to_m_split_on_gpus():
 
 
 def test_one_gpu_is_shared_with_memory_fractions():
-    plan = plan_pools(resources(**{"sampler.gpus": 1, "trainer.gpus": 1}), {"CPU": 4, "GPU": 1})
+    plan = plan_resources(resources(**{"sampler.gpus": 1, "trainer.gpus": 1}), {"CPU": 4, "GPU": 1})
     assert plan.colocated
     assert plan.sampler_bundles[0]["GPU"] + plan.trainer_bundles[0]["GPU"] <= 1.0
 
@@ -48,7 +48,7 @@ def test_one_gpu_is_shared_with_memory_fractions():
 ])
 def test_split_that_does_not_fit_names_the_keys(overrides, cluster, names):
     with pytest.raises(ValueError) as err:
-        plan_pools(resources(**overrides), cluster)
+        plan_resources(resources(**overrides), cluster)
     for name in names:
         assert name in str(err.value)
 
@@ -59,7 +59,7 @@ def test_placement_groups_on_logical_gpus(ray_local):
         pytest.skip("the running Ray cluster has fewer than 3 (logical) GPUs")
     pools = None
     try:
-        pools = create_pools(resources(**{"sampler.gpus": 1, "trainer.gpus": 2}))
+        pools = create_resource_pools(resources(**{"sampler.gpus": 1, "trainer.gpus": 2}))
         assert len(pools.sampler) == 1 and len(pools.trainer) == 2
 
         @ray.remote
@@ -72,8 +72,8 @@ def test_placement_groups_on_logical_gpus(ray_local):
         assert len({i for t in ids for i in t}) == 3
         pools.remove()
         pools = None
-        with pytest.raises(PoolsDoNotFit, match="resources.trainer.gpus=3"):
-            create_pools(resources(**{"sampler.gpus": 1, "trainer.gpus": 3, "colocate": "never"}))
+        with pytest.raises(ResourcesDoNotFit, match="resources.trainer.gpus=3"):
+            create_resource_pools(resources(**{"sampler.gpus": 1, "trainer.gpus": 3, "colocate": "never"}))
     finally:
         if pools is not None:
             pools.remove()

@@ -8,7 +8,7 @@ from pipeline.engines import SamplingParams, make_engine
 from pipeline.engines.hf import HFEngine
 from pipeline.models import build_tiny, load_model_config
 
-from .conftest import rollout_cfg
+from tests.pipeline.conftest import rollout_cfg
 
 
 def _prompts(tok, n):

@@ -1,4 +1,4 @@
-"""SamplerWorker / SamplerPool under a real local Ray, tiny model, HF engine on CPU."""
+"""SamplerWorker / SamplerGroup under a real local Ray, tiny model, HF engine on CPU."""
 import asyncio
 import gc
 
@@ -8,11 +8,11 @@ from pipeline.models import build_tiny, load_model_config
 from pipeline.rollout import Start
 from pipeline.sample import Sample
 from rewards.interface import Turn
-from pipeline.sampler import SamplerPool, SamplerWorker, build_env, stream_shape
+from pipeline.sampler import SamplerGroup, SamplerWorker, build_env, stream_shape
 from pipeline.weight_sync import ObjectStoreWeights
 from rewards.toy import ToyEnv
 
-from .conftest import rollout_cfg
+from tests.pipeline.conftest import rollout_cfg
 
 TOY = {"_target_": "rewards.toy.ToyEnv", "n_tasks": 3, "delay_s": 0.05}
 
@@ -20,7 +20,7 @@ TOY = {"_target_": "rewards.toy.ToyEnv", "n_tasks": 3, "delay_s": 0.05}
 @pytest.fixture(scope="module")
 def pool(ray_sampling):
     cfg = rollout_cfg(n_trajectories=3, turns=3, temperature=0.0, stream_buffer=1)
-    p = SamplerPool(load_model_config("tiny"), cfg, TOY, n_workers=2, num_cpus=1)
+    p = SamplerGroup(load_model_config("tiny"), cfg, TOY, n_workers=2, num_cpus=1)
     yield p
     p.shutdown()
 

@@ -5,7 +5,7 @@ from omegaconf import OmegaConf
 
 from pipeline.algorithms import AlgorithmConfig
 
-CONF = Path(__file__).resolve().parents[2] / "conf" / "algorithm"
+CONF = Path(__file__).resolve().parents[3] / "conf" / "algorithm"
 
 
 def algo(name: str = "grpo_plus", **overrides: Any) -> AlgorithmConfig:

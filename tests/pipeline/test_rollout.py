@@ -9,7 +9,7 @@ from pipeline.rollout_config import max_response_length, response_length_at
 from rewards.interface import Turn
 from rewards.toy import ToyEnv
 
-from .conftest import rollout_cfg
+from tests.pipeline.conftest import rollout_cfg
 
 
 @pytest.fixture

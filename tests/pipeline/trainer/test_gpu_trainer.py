@@ -7,7 +7,7 @@ from pipeline.models import ModelConfig
 from pipeline.trainer import TrainerConfig, TrainerWorker, plan_step
 from pipeline.trainer.worker import BATCH_KEYS, free_port
 from tests.pipeline.conftest import group
-from tests.pipeline.test_trainer import MAX_RESPONSE, make_samples
+from tests.pipeline.trainer.test_trainer import MAX_RESPONSE, make_samples
 
 
 @pytest.mark.gpu

@@ -7,7 +7,7 @@ import verl.trainer.ppo.core_algos  # noqa: F401  (imported at collection: the t
 
 from pipeline.algorithms import build_train_batch, policy_loss
 from pipeline.sample import Sample
-from tests.algorithms.conftest import algo
+from tests.pipeline.algorithms.conftest import algo
 
 VOCAB, EOS, A, MAX_LEN = 5, 4, 0, 6   # reward: share of token A among the generated tokens
 
