@@ -51,6 +51,8 @@ class PipelineConfig:
     verify_weight_sync: bool = MISSING   # compare per-tensor checksums of engine and trainer after each push
     progress: bool = MISSING         # progress bars on generation / training
     seed: int = MISSING
+    max_trainer_restarts: int = MISSING  # a lost trainer group restarted in the run from the latest
+                                     # checkpoint at most this many times (AReaL: recover.retries)
 
 
 def batch_tasks(tasks: list[Any], batch: int, k: int, seed: int, shuffle: bool) -> list[Any]:
@@ -127,7 +129,8 @@ def skip_reason(m: dict[str, float], samples: list[Sample]) -> str:
 
 class Loop:
     def __init__(self, cfg: PipelineConfig, parts: LoopParts, timeline_every: int,
-                 start_step: int = 0, version: int = 0, pending: list[Sample] | None = None) -> None:
+                 start_step: int = 0, version: int = 0, pending: list[Sample] | None = None,
+                 resumed_from: Path | None = None) -> None:
         self.k = resolve_staleness(cfg.mode, cfg.max_staleness)
         if cfg.staleness_policy not in POLICIES:
             raise ValueError(f"pipeline.staleness_policy={cfg.staleness_policy!r}: expected one of "
@@ -145,6 +148,11 @@ class Loop:
         self._done: list[Generated] = []  # in completion order (step timing)
         self._gen_error: BaseException | None = None
         self.stop_requested = False
+        # where a lost trainer restarts from: (first step to train, version, checkpoint dir or None
+        # for the initial weights), and every batch trained since, to be trained again after it
+        self._restore: tuple[int, int, Path | None] = (start_step, version, resumed_from)
+        self._kept: dict[int, Generated] = {}
+        self.trainer_restarts = 0
 
     def request_stop(self) -> None:
         """SIGTERM (preemption, scancel): finish the step under way, checkpoint it, stop."""
@@ -309,41 +317,95 @@ class Loop:
     async def _steps(self) -> None:
         cfg = self.cfg
         steps_bar = _bar(cfg.progress, cfg.steps, "steps", position=1, initial=self.start_step)
-        for step in range(self.start_step, cfg.steps):
-            t_step = time.time()
-            cur = await self._take(step)
-            prologue = 0.0
-            if step == self.start_step and self.k > 0:  # the first batch has nothing to overlap
-                prologue, t_step = time.time() - t_step, time.time()
-            bound = await self._within_bound(cur)
-            metrics, t_train = await self.train(cur, self.version)
-            metrics.update(bound)
-            self.version += 1
-            t_sync = await self._push_new(step)
-            t_total = time.time() - t_step
-            # the batch generated during this step (sync: this one; one_off: the next)
-            fresh = [g for g in self._done if g.t_end >= t_step]
-            self._done = self._done[-(self.k + 2):]  # only timings are read; samples go with training
-            metrics.update(self._step_metrics(cur, fresh[-1] if fresh else None, t_train, t_sync, t_total))
-            if prologue:
-                metrics["timing/prologue_gen"] = prologue
-            metrics["pipeline/weights_version"] = float(self.version)
-            # the push's own split (pipeline.weight_sync push objects; a test's fake has none)
-            split = getattr(self.p.weight_sync, "last_stats", None) or {}
-            metrics.update({f"pipeline/weight_sync_{k}": float(split[k])
-                            for k in ("transport_s", "load_s", "check_s") if k in split})
-            self._log(step, metrics, cur.samples)
-            saved = self._maybe_checkpoint(step, force=self.stop_requested)
-            if steps_bar is not None:
-                steps_bar.set_postfix_str(f"reward {metrics.get('reward/mean', 0.0):.3f}")
-                steps_bar.update(1)
+        step = self.start_step
+        while step < cfg.steps:
+            try:
+                saved = await self._step(step, steps_bar)
+            except Exception as e:  # noqa: BLE001 - only a lost trainer is handled; the rest re-raised
+                step = await self._recover(step, e)
+                continue
             if self.stop_requested and step + 1 < cfg.steps:
                 print(f"[pipeline] stopped after step {step}" + (
                     f"; checkpoint written, resume=auto continues at step {step + 1}" if saved else ""),
                       file=sys.stderr, flush=True)
                 break
+            step += 1
         if steps_bar is not None:
             steps_bar.close()
+
+    async def _step(self, step: int, steps_bar: Any) -> bool:
+        """Train batch ``step``, push, log, checkpoint when due; whether a checkpoint was written."""
+        t_step = time.time()
+        cur = await self._take(step)
+        self._kept[step] = cur  # until a checkpoint holds its effect: a restarted trainer redoes it
+        prologue = 0.0
+        if step == self.start_step and self.k > 0:  # the first batch has nothing to overlap
+            prologue, t_step = time.time() - t_step, time.time()
+        bound = await self._within_bound(cur)
+        metrics, t_train = await self.train(cur, self.version)
+        metrics.update(bound)
+        self.version += 1
+        t_sync = await self._push_new(step)
+        t_total = time.time() - t_step
+        # the batch generated during this step (sync: this one; one_off: the next)
+        fresh = [g for g in self._done if g.t_end >= t_step]
+        self._done = self._done[-(self.k + 2):]  # only timings are read; samples go with training
+        metrics.update(self._step_metrics(cur, fresh[-1] if fresh else None, t_train, t_sync, t_total))
+        if prologue:
+            metrics["timing/prologue_gen"] = prologue
+        metrics["pipeline/weights_version"] = float(self.version)
+        metrics["pipeline/trainer_restarts"] = float(self.trainer_restarts)
+        # the push's own split (pipeline.weight_sync push objects; a test's fake has none)
+        split = getattr(self.p.weight_sync, "last_stats", None) or {}
+        metrics.update({f"pipeline/weight_sync_{k}": float(split[k])
+                        for k in ("transport_s", "load_s", "check_s") if k in split})
+        self._log(step, metrics, cur.samples)
+        saved = self._maybe_checkpoint(step, force=self.stop_requested)
+        if steps_bar is not None:
+            steps_bar.set_postfix_str(f"reward {metrics.get('reward/mean', 0.0):.3f}")
+            steps_bar.update(1)
+        return saved
+
+    # ---- a lost trainer ----------------------------------------------------------------
+    async def _recover(self, step: int, error: BaseException) -> int:
+        """A lost trainer rank (in training, the push or a checkpoint): the whole group starts again
+        from the latest checkpoint (or the run's initial weights), the samplers get those weights,
+        and every batch trained since goes back to be trained again in order, the same samples (no
+        sample regenerated, lost or left in the weights twice). Returns the step to go on from.
+        Any other error, or a loss past ``pipeline.max_trainer_restarts``, is raised."""
+        restart = getattr(self.p.trainer, "restart", None)
+        while True:
+            if restart is None or not _trainer_lost(self.p.trainer, error):
+                raise error
+            if self.trainer_restarts >= self.cfg.max_trainer_restarts:
+                print(f"[pipeline] the trainer was lost at step {step} after "
+                      f"{self.trainer_restarts} restart(s) in this run (pipeline.max_trainer_restarts="
+                      f"{self.cfg.max_trainer_restarts})", file=sys.stderr, flush=True)
+                raise error
+            self.trainer_restarts += 1
+            cursor, version, path = self._restore
+            print(f"[pipeline] trainer lost at step {step} ({type(error).__name__}); restart "
+                  f"{self.trainer_restarts} of {self.cfg.max_trainer_restarts} from "
+                  f"{path or 'the initial weights'}: steps {cursor}..{step} trained again with "
+                  f"their batches", file=sys.stderr, flush=True)
+            self.events.append(("restart", step, version))
+            try:
+                t0 = time.time()
+                await asyncio.to_thread(restart, str(path) if path is not None else None)
+                async with self._cond:
+                    self._ready.update(self._kept)  # trained since the checkpoint: trained again
+                    self._kept = {}
+                    self.version = version
+                self.history = [h for h in self.history if h["step"] < cursor]
+                rewind = getattr(self.p.logger, "rewind", None)
+                if rewind is not None:
+                    rewind(cursor)
+                await self._push_new(cursor - 1)  # the samplers at the restored weights
+                print(f"[pipeline] trainer restarted in {time.time() - t0:.1f} s; continuing at "
+                      f"step {cursor}", file=sys.stderr, flush=True)
+                return cursor
+            except Exception as e:  # noqa: BLE001 - lost again while restarting: counted, retried
+                error = e
 
     # ---- bookkeeping -----------------------------------------------------------------
     def _step_metrics(self, trained: Generated, gen: Generated | None, t_train: float,
@@ -417,11 +479,29 @@ class Loop:
         # in the loop's own thread: saving it in another thread (so the batch being generated kept
         # flowing) broke one_off's overlap of train N and generate N+1 after a checkpoint step
         # (test_toy_learns_through_the_pipeline[one_off], fresh-clone CI, 2026-12-04)
-        checkpoint.save(self.p.run_dir / c.dir, step, self.p.trainer, state, c.keep_last)
+        path = checkpoint.save(self.p.run_dir / c.dir, step, self.p.trainer, state, c.keep_last)
+        self._restore = (step + 1, self.version, path)
+        self._kept = {b: g for b, g in self._kept.items() if b > step}
         print(f"[pipeline] checkpoint of step {step} written in {time.time() - t0:.2f} s",
               file=sys.stderr, flush=True)
         self.events.append(("checkpoint", step, self.version))
         return True
+
+
+def _trainer_lost(trainer: Any, error: BaseException) -> bool:
+    """Whether ``error`` (or an error it was raised from: a CheckpointError) is a trainer rank's
+    actor lost: its actor id is one of the group's (a sampler's is the sampler pool's to replace)."""
+    from ray.exceptions import RayActorError
+
+    seen = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, RayActorError):
+            ids = getattr(trainer, "actor_ids", None)
+            return ids is not None and getattr(e, "actor_id", None) in ids()
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _bar(enabled: bool, total: int, desc: str, position: int = 0, initial: int = 0) -> Any:

@@ -90,14 +90,14 @@ class BroadcastSender:
 
 
 class BroadcastPush(WeightPushBase):
-    """Forms the weight group at start, and again whenever the pool has replaced a worker since:
-    the replacement is not in the old group, whose world size still counts the lost one, so a
-    broadcast there would hang."""
+    """Forms the weight group at start, and again whenever the pool has replaced a worker or the
+    trainer group has restarted since: the new process is not in the old group, whose world size
+    still counts the lost one, so a broadcast there would hang."""
     transport = "broadcast"
 
     def __init__(self, trainer: Any, samplers: Any, timeout_s: float = 600.0, verify: bool = True) -> None:
         super().__init__(trainer, samplers, timeout_s, verify)
-        self._group_restarts = -1  # the sampler pool's restart count when the group was formed
+        self._group_restarts = (-1, -1)  # (sampler pool, trainer group) restarts when it was formed
         self._form_group()
 
     def _form_group(self) -> None:
@@ -110,10 +110,13 @@ class BroadcastPush(WeightPushBase):
                  for i, w in enumerate(self.samplers.workers)]
         self.trainer.broadcast_join(host, port, world, self.timeout_s)
         ray.get(joins)
-        self._group_restarts = getattr(self.samplers, "restarts", 0)
+        self._group_restarts = self._restarts()
+
+    def _restarts(self) -> tuple[int, int]:
+        return getattr(self.samplers, "restarts", 0), getattr(self.trainer, "restarts", 0)
 
     async def _send(self, version: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
-        if getattr(self.samplers, "restarts", 0) != self._group_restarts:
+        if self._restarts() != self._group_restarts:
             await asyncio.to_thread(self._form_group)
         payload = await self.trainer.broadcast_prepare(version, self.verify)
         send = asyncio.ensure_future(self.trainer.broadcast_send())
