@@ -375,7 +375,7 @@ class Loop:
         Any other error, or a loss past ``pipeline.max_trainer_restarts``, is raised."""
         restart = getattr(self.p.trainer, "restart", None)
         while True:
-            if restart is None or not _trainer_lost(self.p.trainer, error):
+            if restart is None or not await asyncio.to_thread(_trainer_lost, self.p.trainer, error):
                 raise error
             if self.trainer_restarts >= self.cfg.max_trainer_restarts:
                 print(f"[pipeline] the trainer was lost at step {step} after "
@@ -489,19 +489,22 @@ class Loop:
 
 
 def _trainer_lost(trainer: Any, error: BaseException) -> bool:
-    """Whether ``error`` (or an error it was raised from: a CheckpointError) is a trainer rank's
-    actor lost: its actor id is one of the group's (a sampler's is the sampler pool's to replace)."""
-    from ray.exceptions import RayActorError
+    """Whether ``error`` (or an error it was raised from: a CheckpointError) comes of a lost trainer
+    rank: an actor error with one of the group's actor ids (a sampler's is the sampler pool's to
+    replace), or any other Ray error (a sampler that could not fetch weights whose owner, trainer
+    rank 0, died) while a rank does not answer its ping."""
+    from ray.exceptions import RayActorError, RayError
 
-    seen = set()
-    e: BaseException | None = error
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, RayActorError):
-            ids = getattr(trainer, "actor_ids", None)
-            return ids is not None and getattr(e, "actor_id", None) in ids()
+    chain, e = [], error
+    while e is not None and all(e is not c for c in chain):
+        chain.append(e)
         e = e.__cause__ or e.__context__
-    return False
+    ids = getattr(trainer, "actor_ids", None)
+    if ids is not None and any(isinstance(c, RayActorError) and getattr(c, "actor_id", None) in ids()
+                               for c in chain):
+        return True
+    lost = getattr(trainer, "lost", None)
+    return lost is not None and any(isinstance(c, RayError) for c in chain) and lost()
 
 
 def _bar(enabled: bool, total: int, desc: str, position: int = 0, initial: int = 0) -> Any:

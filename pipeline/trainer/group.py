@@ -60,6 +60,21 @@ class TrainerGroup:
         """The ranks' Ray actor ids (hex), to tell a lost rank's error from another actor's."""
         return {w._actor_id.hex() for w in self.workers}
 
+    def lost(self, timeout_s: float = 30.0) -> bool:
+        """Whether a rank is gone: its ping fails with an actor error (a live rank answers, or is
+        still inside a call and is not counted)."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        refs = [w.address.remote() for w in self.workers]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except RayActorError:
+                return True
+        return False
+
     def _call(self, method: str, *args: Any) -> list[Any]:
         import ray
 
