@@ -165,6 +165,12 @@ class SamplerWorker(WeightReceiverMixin):
 LOSSES_PER_CALL = 3
 
 
+class PushInterrupted(RuntimeError):
+    """A worker was lost inside a push whose payload cannot be handed again (a broadcast: the
+    tensors travel once, in a collective the lost worker was part of). It has been replaced, and
+    every other worker's load has ended; the push is to be made again, in a new group."""
+
+
 def _actor_lost(e: BaseException) -> bool:
     from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
@@ -306,22 +312,36 @@ class SamplerPool:
 
     async def receive_weights(self, payload: Any, version: int) -> list[dict[str, Any]]:
         """Every worker loads ``payload``; one report each (``WeightReceiverMixin.receive_weights``).
-        A worker lost while it loads a replayable payload is replaced and handed it again."""
-        self._last_weights = (payload, version) if getattr(payload, "replayable", False) else None
-        return list(await asyncio.gather(*[self._receive_on(i, w, payload, version)
-                                           for i, w in enumerate(self.workers)]))
+        A worker lost while it loads a replayable payload is replaced and handed it again; one lost
+        inside a payload that is not replayable is replaced, and once every other worker's load has
+        ended (the broken collective fails theirs too), :class:`PushInterrupted` says so."""
+        replayable = getattr(payload, "replayable", False)
+        self._last_weights = (payload, version) if replayable else None
+        before = self.restarts
+        results = await asyncio.gather(*[self._receive_on(i, w, payload, version)
+                                         for i, w in enumerate(self.workers)], return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors and not replayable and self.restarts != before:
+            raise PushInterrupted(f"{self.restarts - before} sampler worker(s) lost inside the push of "
+                                  f"version {version} and replaced; the push must be made again "
+                                  f"(first error: {type(errors[0]).__name__}: {errors[0]})")
+        if errors:
+            raise errors[0]
+        return list(results)
 
     async def _receive_on(self, i: int, worker: Any, payload: Any, version: int) -> dict[str, Any]:
+        replayable = getattr(payload, "replayable", False)
         for attempt in range(LOSSES_PER_CALL + 1):
             try:
                 return await worker.receive_weights.remote(payload, version)
             except Exception as e:
-                # a payload that is not replayable (a broadcast) cannot reach a new worker: the push fails
-                if attempt == LOSSES_PER_CALL or not _actor_lost(e) or not getattr(payload, "replayable", False):
+                if attempt == LOSSES_PER_CALL or not _actor_lost(e):
                     raise
                 print(f"[sampler] worker {i} lost while loading weights version {version} "
                       f"({type(e).__name__}); starting a replacement", file=sys.stderr, flush=True)
                 worker = await self._replace(i, worker, replay=False)
+                if not replayable:  # the payload cannot reach it: the caller pushes again
+                    raise
         raise AssertionError("unreachable")
 
     async def _replace(self, i: int, dead: Any, replay: bool = True) -> Any:

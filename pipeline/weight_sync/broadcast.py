@@ -4,6 +4,7 @@ CPU) joining trainer rank 0 (rank 0 of that group) and every sampler worker; eac
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterator
@@ -81,9 +82,16 @@ class BroadcastSender:
         if self.worker.rank != 0:
             return 0.0
         t0 = time.perf_counter()
-        for flat in self.flats:
-            broadcast(self.group, flat)
-        self.flats = []
+        try:
+            for flat in self.flats:
+                broadcast(self.group, flat)
+        except Exception:
+            # a member was lost mid-collective: the group is dropped (its connections close, so
+            # the members still waiting for a buffer fail instead of waiting for the timeout)
+            self.group = None
+            raise
+        finally:
+            self.flats = []
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         return time.perf_counter() - t0
@@ -116,10 +124,27 @@ class BroadcastPush(WeightPushBase):
         return getattr(self.samplers, "restarts", 0), getattr(self.trainer, "restarts", 0)
 
     async def _send(self, version: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
-        if self._restarts() != self._group_restarts:
-            await asyncio.to_thread(self._form_group)
-        payload = await self.trainer.broadcast_prepare(version, self.verify)
-        send = asyncio.ensure_future(self.trainer.broadcast_send())
-        reports = await self.samplers.receive_weights(payload, version)
-        timings = dict(payload.timings, send_s=await send)
-        return timings, reports
+        from pipeline.sampler import LOSSES_PER_CALL, PushInterrupted
+
+        for attempt in range(LOSSES_PER_CALL + 1):
+            if self._restarts() != self._group_restarts:
+                await asyncio.to_thread(self._form_group)
+            payload = await self.trainer.broadcast_prepare(version, self.verify)
+            send = asyncio.ensure_future(self.trainer.broadcast_send())
+            try:
+                reports = await self.samplers.receive_weights(payload, version)
+            except PushInterrupted as e:
+                # the sender fails (or ends) on the broken group and drops it, which ends the
+                # survivors' receives; then a new group with the replacement gets the push again
+                try:
+                    await send
+                except Exception:
+                    pass
+                if attempt == LOSSES_PER_CALL:
+                    raise
+                print(f"[weight_sync] broadcast of version {version}: {e}; forming the group again",
+                      file=sys.stderr, flush=True)
+                continue
+            timings = dict(payload.timings, send_s=await send)
+            return timings, reports
+        raise AssertionError("unreachable")
