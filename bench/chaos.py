@@ -172,6 +172,9 @@ def main() -> None:
                    help="seconds per step to draw the moments over (0: the unfaulted runs' own, "
                         "measured first; > 0: unfaulted and faulted runs all at once)")
     p.add_argument("--run-root", default="/tmp/chaos_runs")
+    p.add_argument("--reuse-clean", default="",
+                   help="a run root of an earlier bench whose finished clean* runs (same steps and "
+                        "overrides) are the unfaulted reference instead of new ones")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after --)")
     args = p.parse_args()
     victims = [v for v in args.victims.split(",") if v]
@@ -195,11 +198,22 @@ def main() -> None:
         with ThreadPoolExecutor(args.parallel) as pool:
             return list(pool.map(one, jobs))
 
-    clean_jobs = [(f"clean{i}", 0) for i in range(args.clean_runs)]
+    reused = []
+    if args.reuse_clean:
+        for d in sorted(Path(args.reuse_clean).glob("clean*")):
+            if d.is_dir():
+                got = summary(read_metrics(d), args.steps)
+                reused.append({"run": f"{d.name} (reused)", "rc": 0 if got["reached_end"] else "unfinished",
+                               "kills": 0, "restarts": 0, "resumes": 0, **got, "wall_s": float("nan"),
+                               "moments": ""})
+        args.clean_runs = len(reused)
+        if args.step_s <= 0:
+            p.error("--reuse-clean needs --step-s")
+    clean_jobs = [] if reused else [(f"clean{i}", 0) for i in range(args.clean_runs)]
     fault_jobs = [(f"fault{i}", args.kills) for i in range(args.runs)]
     if args.step_s > 0:  # moments drawn over a given step time: all runs at once
         step_s = args.step_s
-        rows = batch(clean_jobs + fault_jobs, step_s)
+        rows = reused + batch(clean_jobs + fault_jobs, step_s)
     else:  # over the unfaulted runs' own step time: those first
         rows = batch(clean_jobs, 1.0)
         done = [r for r in rows if r["rc"] == 0]

@@ -27,7 +27,7 @@ from omegaconf import MISSING
 
 from pipeline import checkpoint
 from pipeline.metrics import eval_latency_metrics, sandbox_metrics, score_metrics
-from pipeline.parts import CheckpointSettings, Logger, Samplers, Trainer, WeightPush
+from pipeline.parts import CheckpointSettings, Logger, Samplers, Trainer, WeightPush, WeightsGone
 from pipeline.sample import Sample
 from pipeline.staleness import (POLICIES, lag_metrics, over_bound, pending_by_step, resolve_staleness,
                                 schedule_name, split_stale, staleness_counts)
@@ -153,6 +153,7 @@ class Loop:
         self._restore: tuple[int, int, Path | None] = (start_step, version, resumed_from)
         self._kept: dict[int, Generated] = {}
         self.trainer_restarts = 0
+        self._pushes = 0  # pushes made (a batch whose weights were gone waits for the next)
 
     def request_stop(self) -> None:
         """SIGTERM (preemption, scancel): finish the step under way, checkpoint it, stop."""
@@ -237,11 +238,20 @@ class Loop:
                 if b in carried:  # carried over by a checkpoint: not generated twice
                     continue
                 t0 = time.time()
-                async with self._cond:
-                    await self._cond.wait_for(lambda: self.sampler_version >= b - self.k)
-                # held while generating: a push that must not land mid-batch takes it first
-                async with self._sampler_lock:
-                    gen = await self.generate(b, self.sampler_version)
+                while True:
+                    async with self._cond:
+                        await self._cond.wait_for(lambda: self.sampler_version >= b - self.k)
+                        pushes = self._pushes
+                    try:
+                        # held while generating: a push that must not land mid-batch takes it first
+                        async with self._sampler_lock:
+                            gen = await self.generate(b, self.sampler_version)
+                        break
+                    except WeightsGone as e:  # its samples are dropped; made again after a push
+                        print(f"[pipeline] batch {b} is generated again after the next push: {e}",
+                              file=sys.stderr, flush=True)
+                        async with self._cond:
+                            await self._cond.wait_for(lambda: self._pushes != pushes)
                 gen.gen_wait = max(0.0, gen.t_start - t0)
                 async with self._cond:
                     self._ready[b] = gen
@@ -288,6 +298,7 @@ class Loop:
                 t = await self.push(self.version, step)
         async with self._cond:
             self.sampler_version = self.version
+            self._pushes += 1
             self._cond.notify_all()
         return t
 
@@ -386,8 +397,8 @@ class Loop:
             cursor, version, path = self._restore
             print(f"[pipeline] trainer lost at step {step} ({type(error).__name__}); restart "
                   f"{self.trainer_restarts} of {self.cfg.max_trainer_restarts} from "
-                  f"{path or 'the initial weights'}: steps {cursor}..{step} trained again with "
-                  f"their batches", file=sys.stderr, flush=True)
+                  f"{path or 'the initial weights'}: steps {cursor}..{step} are trained from it with "
+                  f"the batches they had", file=sys.stderr, flush=True)
             self.events.append(("restart", step, version))
             try:
                 t0 = time.time()

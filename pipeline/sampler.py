@@ -43,6 +43,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, AsyncIterator
 
+from pipeline.parts import WeightsGone
 from pipeline.rollout import BatchStats, Starts, stream_episode_chunks
 from pipeline.sample import Sample
 from pipeline.weight_sync import WeightReceiverMixin
@@ -171,6 +172,12 @@ class PushInterrupted(RuntimeError):
     every other worker's load has ended; the push is to be made again, in a new group."""
 
 
+def _weights_lost(e: BaseException) -> bool:
+    from ray.exceptions import ObjectLostError
+
+    return isinstance(e, ObjectLostError) or isinstance(getattr(e, "cause", None), ObjectLostError)
+
+
 def _actor_lost(e: BaseException) -> bool:
     from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
@@ -209,6 +216,7 @@ class SamplerPool:
         self.last_stats = BatchStats()
         self.restarts = 0
         self._last_weights: tuple[Any, int] | None = None  # replayable to a replacement worker
+        self._last_weights_version = 0
         self._replacing: dict[int, asyncio.Lock] = {}
 
     def _started(self, i: int) -> dict[str, Any]:
@@ -278,6 +286,8 @@ class SamplerPool:
                         print(f"[sampler] worker {i} lost during step {step} ({type(e).__name__}); "
                               "starting a replacement", file=sys.stderr, flush=True)
                         worker = await self._replace(i, worker)
+            except WeightsGone as e:
+                await queue.put(e)
             except Exception as e:
                 await queue.put(RuntimeError(f"sampler worker {i} failed during step {step}: "
                                              f"{type(e).__name__}: {e}"))
@@ -317,6 +327,7 @@ class SamplerPool:
         ended (the broken collective fails theirs too), :class:`PushInterrupted` says so."""
         replayable = getattr(payload, "replayable", False)
         self._last_weights = (payload, version) if replayable else None
+        self._last_weights_version = version
         before = self.restarts
         results = await asyncio.gather(*[self._receive_on(i, w, payload, version)
                                          for i, w in enumerate(self.workers)], return_exceptions=True)
@@ -366,6 +377,12 @@ class SamplerPool:
                     if replay and self._last_weights is not None:
                         await worker.update_weights.remote(*self._last_weights)
                 except Exception as e:
+                    if _weights_lost(e):  # a trainer restart took the payload's owner with it
+                        self.workers[i], self._last_weights = worker, None
+                        self.restarts += 1
+                        raise WeightsGone(f"sampler worker {i} was replaced, but weights version "
+                                          f"{self._last_weights_version} are gone with the trainer "
+                                          f"rank that held them ({type(e).__name__})") from e
                     if attempt == LOSSES_PER_CALL or not _actor_lost(e):
                         raise
                     print(f"[sampler] the replacement of worker {i} was lost while starting "

@@ -111,3 +111,29 @@ def test_another_actors_error_is_not_a_trainer_restart(tmp_path):
     with pytest.raises(RayActorError):
         asyncio.run(loop.run())
     assert trainer.restarted_from == []
+
+
+def test_a_batch_whose_weights_are_gone_is_generated_again_after_the_next_push(tmp_path):
+    """A replacement sampler could not fetch the last weights (their owner, the lost trainer rank,
+    took them along): that batch's samples are dropped and it is generated again after a push."""
+    from pipeline.parts import WeightsGone
+
+    loop, samplers, trainer = make(tmp_path, 1, steps=4)
+    generate = samplers.generate
+    failed = []
+
+    async def once_gone(step, tasks, version):
+        if step == 2 and not failed:
+            failed.append(version)
+            async for s in generate(step, tasks, version):
+                yield s
+                raise WeightsGone("the test's")
+        async for s in generate(step, tasks, version):
+            yield s
+
+    samplers.generate = once_gone
+    history = asyncio.run(loop.run())
+    assert [h["step"] for h in history] == list(range(4)) and failed == [1]
+    gens = [(b, v) for what, b, v in loop.events if what == "gen"]
+    assert gens.count((2, 1)) == 1 and (2, 2) in gens  # made again with the version pushed next
+    assert sum(h["perf/samples"] for h in history) == 4 * 2 * 2
