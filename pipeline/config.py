@@ -123,6 +123,9 @@ def check(cfg: Any) -> None:
         errors.append(f"pipeline.staleness_policy={cfg.pipeline.staleness_policy!r}: expected one of {POLICIES}")
     if cfg.pipeline.steps < 1:
         errors.append(f"pipeline.steps={cfg.pipeline.steps}: expected >= 1")
+    if cfg.pipeline.max_trainer_restarts < 0:
+        errors.append(f"pipeline.max_trainer_restarts={cfg.pipeline.max_trainer_restarts}: expected >= 0 "
+                      "(0: a lost trainer stops the run with the resume line)")
     if cfg.pipeline.tasks_per_batch < 1:
         errors.append(f"pipeline.tasks_per_batch={cfg.pipeline.tasks_per_batch}: expected >= 1")
     if cfg.rollout.turns < 1:

@@ -29,7 +29,8 @@ from omegaconf import MISSING
 
 from pipeline import checkpoint
 from pipeline.metrics import env_metrics, eval_latency_metrics, score_metrics
-from pipeline.parts import CheckpointSettings, Logger, Samplers, Trainer, WeightPush
+from pipeline.parts import CheckpointSettings, Logger, Samplers, Trainer, WeightPush, WeightsGone
+from pipeline.recovery import TrainerRestarts
 from pipeline.sample import Sample
 from pipeline.staleness import (POLICIES, lag_metrics, over_bound, pending_by_step, resolve_staleness,
                                 schedule_name, split_stale, staleness_counts)
@@ -54,6 +55,8 @@ class PipelineConfig:
     verify_weight_sync: bool = MISSING   # compare per-tensor checksums of engine and trainer after each push
     progress: bool = MISSING         # progress bars on generation / training
     seed: int = MISSING
+    max_trainer_restarts: int = MISSING  # a lost trainer group restarted in the run from the latest
+                                     # checkpoint at most this many times (AReaL: recover.retries)
 
 
 def batch_tasks(tasks: list[Any], batch: int, k: int, seed: int, shuffle: bool) -> list[Any]:
@@ -128,9 +131,10 @@ def skip_reason(m: dict[str, float], samples: list[Sample]) -> str:
             "temperature, or start from a model that already solves some tasks (model.warm_start)")
 
 
-class Loop:
+class Loop(TrainerRestarts):
     def __init__(self, cfg: PipelineConfig, parts: LoopParts, timeline_every: int,
-                 start_step: int = 0, version: int = 0, pending: list[Sample] | None = None) -> None:
+                 start_step: int = 0, version: int = 0, pending: list[Sample] | None = None,
+                 resumed_from: Path | None = None) -> None:
         self.k = resolve_staleness(cfg.mode, cfg.max_staleness)
         if cfg.staleness_policy not in POLICIES:
             raise ValueError(f"pipeline.staleness_policy={cfg.staleness_policy!r}: expected one of "
@@ -148,6 +152,12 @@ class Loop:
         self._done: list[GeneratedBatch] = []  # in completion order (step timing)
         self._gen_error: BaseException | None = None
         self.stop_requested = False
+        # where a lost trainer restarts from: (first step to train, version, checkpoint dir or None
+        # for the initial weights), and every batch trained since, to be trained again after it
+        self._restore: tuple[int, int, Path | None] = (start_step, version, resumed_from)
+        self._kept: dict[int, GeneratedBatch] = {}
+        self.trainer_restarts = 0
+        self._pushes = 0  # pushes made (a batch whose weights were gone waits for the next)
 
     def request_stop(self) -> None:
         """SIGTERM (preemption, scancel): finish the step under way, checkpoint it, stop."""
@@ -232,11 +242,20 @@ class Loop:
                 if b in carried:  # carried over by a checkpoint: not generated twice
                     continue
                 t0 = time.time()
-                async with self._cond:
-                    await self._cond.wait_for(lambda: self.sampler_version >= b - self.k)
-                # held while generating: a push that must not land mid-batch takes it first
-                async with self._sampler_lock:
-                    gen = await self.generate(b, self.sampler_version)
+                while True:
+                    async with self._cond:
+                        await self._cond.wait_for(lambda: self.sampler_version >= b - self.k)
+                        pushes = self._pushes
+                    try:
+                        # held while generating: a push that must not land mid-batch takes it first
+                        async with self._sampler_lock:
+                            gen = await self.generate(b, self.sampler_version)
+                        break
+                    except WeightsGone as e:  # its samples are dropped; made again after a push
+                        print(f"[pipeline] batch {b} is generated again after the next push: {e}",
+                              file=sys.stderr, flush=True)
+                        async with self._cond:
+                            await self._cond.wait_for(lambda: self._pushes != pushes)
                 gen.gen_wait = max(0.0, gen.t_start - t0)
                 async with self._cond:
                     self._ready[b] = gen
@@ -283,6 +302,7 @@ class Loop:
                 t = await self.push(self.version, step)
         async with self._cond:
             self.sampler_version = self.version
+            self._pushes += 1
             self._cond.notify_all()
         return t
 
@@ -312,41 +332,54 @@ class Loop:
     async def _steps(self) -> None:
         cfg = self.cfg
         steps_bar = _bar(cfg.progress, cfg.steps, "steps", position=1, initial=self.start_step)
-        for step in range(self.start_step, cfg.steps):
-            t_step = time.time()
-            cur = await self._take(step)
-            prologue = 0.0
-            if step == self.start_step and self.k > 0:  # the first batch has nothing to overlap
-                prologue, t_step = time.time() - t_step, time.time()
-            bound = await self._within_bound(cur)
-            metrics, t_train = await self.train(cur, self.version)
-            metrics.update(bound)
-            self.version += 1
-            t_sync = await self._push_new(step)
-            t_total = time.time() - t_step
-            # the batch generated during this step (sync: this one; one_off: the next)
-            fresh = [g for g in self._done if g.t_end >= t_step]
-            self._done = self._done[-(self.k + 2):]  # only timings are read; samples go with training
-            metrics.update(self._step_metrics(cur, fresh[-1] if fresh else None, t_train, t_sync, t_total))
-            if prologue:
-                metrics["timing/prologue_gen"] = prologue
-            metrics["pipeline/weights_version"] = float(self.version)
-            # the push's own split (pipeline.weight_sync push objects; a test's fake has none)
-            split = getattr(self.parts.weight_sync, "last_stats", None) or {}
-            metrics.update({f"pipeline/weight_sync_{k}": float(split[k])
-                            for k in ("transport_s", "load_s", "check_s") if k in split})
-            self._log(step, metrics, cur.samples)
-            saved = self._maybe_checkpoint(step, force=self.stop_requested)
-            if steps_bar is not None:
-                steps_bar.set_postfix_str(f"reward {metrics.get('reward/mean', 0.0):.3f}")
-                steps_bar.update(1)
+        step = self.start_step
+        while step < cfg.steps:
+            try:
+                saved = await self._step(step, steps_bar)
+            except Exception as e:  # noqa: BLE001 - only a lost trainer is handled; the rest re-raised
+                step = await self._recover(step, e)
+                continue
             if self.stop_requested and step + 1 < cfg.steps:
                 print(f"[pipeline] stopped after step {step}" + (
                     f"; checkpoint written, resume=auto continues at step {step + 1}" if saved else ""),
                       file=sys.stderr, flush=True)
                 break
+            step += 1
         if steps_bar is not None:
             steps_bar.close()
+
+    async def _step(self, step: int, steps_bar: Any) -> bool:
+        """Train batch ``step``, push, log, checkpoint when due; whether a checkpoint was written."""
+        t_step = time.time()
+        cur = await self._take(step)
+        self._kept[step] = cur  # until a checkpoint holds its effect: a restarted trainer redoes it
+        prologue = 0.0
+        if step == self.start_step and self.k > 0:  # the first batch has nothing to overlap
+            prologue, t_step = time.time() - t_step, time.time()
+        bound = await self._within_bound(cur)
+        metrics, t_train = await self.train(cur, self.version)
+        metrics.update(bound)
+        self.version += 1
+        t_sync = await self._push_new(step)
+        t_total = time.time() - t_step
+        # the batch generated during this step (sync: this one; one_off: the next)
+        fresh = [g for g in self._done if g.t_end >= t_step]
+        self._done = self._done[-(self.k + 2):]  # only timings are read; samples go with training
+        metrics.update(self._step_metrics(cur, fresh[-1] if fresh else None, t_train, t_sync, t_total))
+        if prologue:
+            metrics["timing/prologue_gen"] = prologue
+        metrics["pipeline/weights_version"] = float(self.version)
+        metrics["pipeline/trainer_restarts"] = float(self.trainer_restarts)
+        # the push's own split (pipeline.weight_sync push objects; a test's fake has none)
+        split = getattr(self.parts.weight_sync, "last_stats", None) or {}
+        metrics.update({f"pipeline/weight_sync_{k}": float(split[k])
+                        for k in ("transport_s", "load_s", "check_s") if k in split})
+        self._log(step, metrics, cur.samples)
+        saved = self._maybe_checkpoint(step, force=self.stop_requested)
+        if steps_bar is not None:
+            steps_bar.set_postfix_str(f"reward {metrics.get('reward/mean', 0.0):.3f}")
+            steps_bar.update(1)
+        return saved
 
     # ---- bookkeeping -----------------------------------------------------------------
     def _step_metrics(self, trained: GeneratedBatch, gen: GeneratedBatch | None, t_train: float,
@@ -420,7 +453,9 @@ class Loop:
         # in the loop's own thread: saving it in another thread (so the batch being generated kept
         # flowing) broke one_off's overlap of train N and generate N+1 after a checkpoint step
         # (test_toy_learns_through_the_pipeline[one_off], fresh-clone CI, 2026-12-04)
-        checkpoint.save(self.parts.run_dir / c.dir, step, self.parts.trainer, state, c.keep_last)
+        path = checkpoint.save(self.parts.run_dir / c.dir, step, self.parts.trainer, state, c.keep_last)
+        self._restore = (step + 1, self.version, path)
+        self._kept = {b: g for b, g in self._kept.items() if b > step}
         print(f"[pipeline] checkpoint of step {step} written in {time.time() - t0:.2f} s",
               file=sys.stderr, flush=True)
         self.events.append(("checkpoint", step, self.version))

@@ -150,7 +150,8 @@ class Session:
             logger=self.logger, run_dir=run_dir, checkpoint_cfg=cfg.checkpoint,
             decode=lambda ids: tokenizer.decode(ids[-200:]))
         self.loop = Loop(cfg.pipeline, parts, cfg.logger.timeline_every, start_step=self.start_step,
-                         version=state.get("version", 0), pending=state.get("pending"))
+                         version=state.get("version", 0), pending=state.get("pending"),
+                         resumed_from=resume_dir)
 
     def close(self) -> None:
         for fn in reversed(self.closers):

@@ -159,6 +159,7 @@ class MetricsLogger:
         self.perf = dict(perf or {})
         self.wandb = None
         self.wandb_mode: str | None = None
+        self._wandb_step = -1  # the last step sent to W&B (its steps only go forward)
         if "wandb" in cfg.backends:
             self.wandb = self._init_wandb(run_name, resolved_config, resume, cfg.group or group)
         with open(self.run_dir / "config.json", "w") as f:
@@ -200,8 +201,9 @@ class MetricsLogger:
         if self.jsonl is not None:
             self.jsonl.write(json.dumps({"step": step, **scalars}) + "\n")
             self.jsonl.flush()
-        if self.wandb is not None:
+        if self.wandb is not None and step > self._wandb_step:
             self.wandb.log(scalars, step=step)
+            self._wandb_step = step
         if "console" in self.cfg.backends:
             keys = [console_key(k) for k in self.cfg.console_keys]
             # full names: the last part alone is ambiguous (timing_s/step printed as step=)
@@ -210,6 +212,19 @@ class MetricsLogger:
 
             tqdm.write(f"[step {step}] {line}", file=sys.stderr)  # above any progress bar
 
+    def rewind(self, step: int) -> None:
+        """Steps from ``step`` on are trained again (a restarted trainer): metrics.jsonl keeps one
+        line per step, the new one. W&B steps only go forward: it keeps the first values of a
+        redone step and gets only the steps after the last one it has."""
+        if self.jsonl is None:
+            return
+        self.jsonl.close()
+        path = self.run_dir / "metrics.jsonl"
+        kept = _lines_before(path, step)
+        self.jsonl = open(path, "w")
+        self.jsonl.writelines(kept)
+        self.jsonl.flush()
+
     def log_table(self, step: int, samples: list[Sample], decode: Any = None) -> None:
         if self.cfg.table_every <= 0 or step % self.cfg.table_every:
             return
@@ -217,13 +232,13 @@ class MetricsLogger:
         with open(self.run_dir / "episodes.jsonl", "a") as f:
             for r in rows:
                 f.write(json.dumps(dict(zip(EPISODE_COLUMNS, r))) + "\n")
-        if self.wandb is not None:
+        if self.wandb is not None and step >= self._wandb_step:  # not a redone step's again
             import wandb
 
             self.wandb.log({"episodes": wandb.Table(columns=EPISODE_COLUMNS, data=rows)}, step=step)
 
     def log_image(self, step: int, key: str, path: Path) -> None:
-        if self.wandb is not None:
+        if self.wandb is not None and step >= self._wandb_step:  # not a redone step's again
             import wandb
 
             self.wandb.log({key: wandb.Image(str(path))}, step=step)

@@ -10,10 +10,17 @@ from typing import Any, AsyncIterator, Protocol, runtime_checkable
 from pipeline.sample import Sample
 
 
+class WeightsGone(RuntimeError):
+    """Raised by ``Samplers.generate``: a replacement worker could not be handed the last weights
+    (the payload's owner, trainer rank 0, is gone with them: a trainer restart). The worker is in
+    place at its initial weights; the loop generates the batch again after the next push."""
+
+
 @runtime_checkable
 class Samplers(Protocol):
     """Streams the samples of one batch; ``version`` is the weights version the caller believes
-    the samplers hold (a sample's own ``policy_version`` is what generated it)."""
+    the samplers hold (a sample's own ``policy_version`` is what generated it). May raise
+    :class:`WeightsGone`."""
 
     def generate(self, step: int, tasks: list[Any], version: int) -> AsyncIterator[Sample]: ...
 

@@ -45,6 +45,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, AsyncIterator
 
+from pipeline.parts import WeightsGone
 from pipeline.rollout import BatchStats, Starts, stream_episode_chunks
 from pipeline.sample import Sample
 from pipeline.weight_sync import WeightReceiverMixin
@@ -167,6 +168,18 @@ class SamplerWorker(WeightReceiverMixin):
 LOSSES_PER_CALL = 3
 
 
+class PushInterrupted(RuntimeError):
+    """A worker was lost inside a push whose payload cannot be handed again (a broadcast: the
+    tensors travel once, in a collective the lost worker was part of). It has been replaced, and
+    every other worker's load has ended; the push is to be made again, in a new group."""
+
+
+def _weights_lost(e: BaseException) -> bool:
+    from ray.exceptions import ObjectLostError
+
+    return isinstance(e, ObjectLostError) or isinstance(getattr(e, "cause", None), ObjectLostError)
+
+
 def _actor_lost(e: BaseException) -> bool:
     from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
@@ -205,6 +218,7 @@ class SamplerGroup:
         self.last_stats = BatchStats()
         self.restarts = 0
         self._last_weights: tuple[Any, int] | None = None  # replayable to a replacement worker
+        self._last_weights_version = 0
         self._replacing: dict[int, asyncio.Lock] = {}
 
     def _started(self, i: int) -> dict[str, Any]:
@@ -274,6 +288,8 @@ class SamplerGroup:
                         print(f"[sampler] worker {i} lost during step {step} ({type(e).__name__}); "
                               "starting a replacement", file=sys.stderr, flush=True)
                         worker = await self._replace(i, worker)
+            except WeightsGone as e:
+                await queue.put(e)
             except Exception as e:
                 await queue.put(RuntimeError(f"sampler worker {i} failed during step {step}: "
                                              f"{type(e).__name__}: {e}"))
@@ -308,22 +324,37 @@ class SamplerGroup:
 
     async def receive_weights(self, payload: Any, version: int) -> list[dict[str, Any]]:
         """Every worker loads ``payload``; one report each (``WeightReceiverMixin.receive_weights``).
-        A worker lost while it loads a replayable payload is replaced and handed it again."""
-        self._last_weights = (payload, version) if getattr(payload, "replayable", False) else None
-        return list(await asyncio.gather(*[self._receive_on(i, w, payload, version)
-                                           for i, w in enumerate(self.workers)]))
+        A worker lost while it loads a replayable payload is replaced and handed it again; one lost
+        inside a payload that is not replayable is replaced, and once every other worker's load has
+        ended (the broken collective fails theirs too), :class:`PushInterrupted` says so."""
+        replayable = getattr(payload, "replayable", False)
+        self._last_weights = (payload, version) if replayable else None
+        self._last_weights_version = version
+        before = self.restarts
+        results = await asyncio.gather(*[self._receive_on(i, w, payload, version)
+                                         for i, w in enumerate(self.workers)], return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors and not replayable and self.restarts != before:
+            raise PushInterrupted(f"{self.restarts - before} sampler worker(s) lost inside the push of "
+                                  f"version {version} and replaced; the push must be made again "
+                                  f"(first error: {type(errors[0]).__name__}: {errors[0]})")
+        if errors:
+            raise errors[0]
+        return list(results)
 
     async def _receive_on(self, i: int, worker: Any, payload: Any, version: int) -> dict[str, Any]:
+        replayable = getattr(payload, "replayable", False)
         for attempt in range(LOSSES_PER_CALL + 1):
             try:
                 return await worker.receive_weights.remote(payload, version)
             except Exception as e:
-                # a payload that is not replayable (a broadcast) cannot reach a new worker: the push fails
-                if attempt == LOSSES_PER_CALL or not _actor_lost(e) or not getattr(payload, "replayable", False):
+                if attempt == LOSSES_PER_CALL or not _actor_lost(e):
                     raise
                 print(f"[sampler] worker {i} lost while loading weights version {version} "
                       f"({type(e).__name__}); starting a replacement", file=sys.stderr, flush=True)
                 worker = await self._replace(i, worker, replay=False)
+                if not replayable:  # the payload cannot reach it: the caller pushes again
+                    raise
         raise AssertionError("unreachable")
 
     async def _replace(self, i: int, dead: Any, replay: bool = True) -> Any:
@@ -348,6 +379,12 @@ class SamplerGroup:
                     if replay and self._last_weights is not None:
                         await worker.update_weights.remote(*self._last_weights)
                 except Exception as e:
+                    if _weights_lost(e):  # a trainer restart took the payload's owner with it
+                        self.workers[i], self._last_weights = worker, None
+                        self.restarts += 1
+                        raise WeightsGone(f"sampler worker {i} was replaced, but weights version "
+                                          f"{self._last_weights_version} are gone with the trainer "
+                                          f"rank that held them ({type(e).__name__})") from e
                     if attempt == LOSSES_PER_CALL or not _actor_lost(e):
                         raise
                     print(f"[sampler] the replacement of worker {i} was lost while starting "

@@ -19,22 +19,63 @@ class TrainerGroup:
                  max_response_length: int, temperature: float, total_optim_steps: int,
                  gpu_memory_fraction: float | None = None, resume_dir: str | None = None,
                  env_vars: dict[str, str] | None = None) -> None:
-        import ray
-
         self.algo = algo_cfg
         self.max_response_length = max_response_length
         self.world_size = len(pool)
+        self._pool, self._env_vars = pool, env_vars
+        self._args = (model_cfg, trainer_cfg, algo_cfg, max_response_length, temperature,
+                      total_optim_steps, gpu_memory_fraction)
+        self.restarts = 0
+        self.workers: list[Any] = []
+        self._spawn(resume_dir)
+
+    def _spawn(self, resume_dir: str | None) -> None:
+        """One actor per bundle, rendezvous through rank 0, the model (and optimizer state) from
+        ``resume_dir`` when given."""
+        import ray
+
         actor_cls = ray.remote(TrainerWorker)
         self.workers = []
         for rank in range(self.world_size):
-            opts = pool.actor_options(rank)
-            if env_vars:
-                opts["runtime_env"] = {"env_vars": env_vars}
-            self.workers.append(actor_cls.options(**opts).remote(
-                rank, self.world_size, model_cfg, trainer_cfg, algo_cfg, max_response_length,
-                temperature, total_optim_steps, gpu_memory_fraction))
+            opts = self._pool.actor_options(rank)
+            if self._env_vars:
+                opts["runtime_env"] = {"env_vars": self._env_vars}
+            self.workers.append(actor_cls.options(**opts).remote(rank, self.world_size, *self._args))
         addr, port = ray.get(self.workers[0].address.remote())
         self.info = ray.get([w.init.remote(addr, port, resume_dir) for w in self.workers])[0]
+
+    def restart(self, resume_dir: str | None) -> None:
+        """A rank was lost: every rank goes (the survivors' process group counts the lost one) and a
+        new group starts in the same bundles from ``resume_dir`` (a checkpoint; None: the initial
+        weights). Blocking; an actor lost while the new group starts raises its actor error."""
+        import ray
+
+        for w in self.workers:
+            try:
+                ray.kill(w, no_restart=True)
+            except Exception:
+                pass  # already gone
+        self.restarts += 1
+        self._spawn(resume_dir)
+
+    def actor_ids(self) -> set[str]:
+        """The ranks' Ray actor ids (hex), to tell a lost rank's error from another actor's."""
+        return {w._actor_id.hex() for w in self.workers}
+
+    def lost(self, timeout_s: float = 30.0) -> bool:
+        """Whether a rank is gone: its ping fails with an actor error (a live rank answers, or is
+        still inside a call and is not counted)."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        refs = [w.address.remote() for w in self.workers]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except RayActorError:
+                return True
+        return False
 
     def _call(self, method: str, *args: Any) -> list[Any]:
         import ray

@@ -4,6 +4,7 @@ CPU) joining trainer rank 0 (rank 0 of that group) and every sampler worker; eac
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterator
@@ -81,23 +82,30 @@ class BroadcastSender:
         if self.worker.rank != 0:
             return 0.0
         t0 = time.perf_counter()
-        for flat in self.flats:
-            broadcast(self.group, flat)
-        self.flats = []
+        try:
+            for flat in self.flats:
+                broadcast(self.group, flat)
+        except Exception:
+            # a member was lost mid-collective: the group is dropped (its connections close, so
+            # the members still waiting for a buffer fail instead of waiting for the timeout)
+            self.group = None
+            raise
+        finally:
+            self.flats = []
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         return time.perf_counter() - t0
 
 
 class BroadcastPush(WeightPushBase):
-    """Forms the weight group at start, and again whenever the sampler group has replaced a worker since:
-    the replacement is not in the old group, whose world size still counts the lost one, so a
-    broadcast there would hang."""
+    """Forms the weight group at start, and again whenever the sampler group has replaced a worker or the
+    trainer group has restarted since: the new process is not in the old group, whose world size
+    still counts the lost one, so a broadcast there would hang."""
     transport = "broadcast"
 
     def __init__(self, trainer: Any, samplers: Any, timeout_s: float, verify: bool = True) -> None:
         super().__init__(trainer, samplers, timeout_s, verify)
-        self._group_restarts = -1  # the sampler group's restart count when the group was formed
+        self._group_restarts = (-1, -1)  # (sampler group, trainer group) restarts when it was formed
         self._form_group()
 
     def _form_group(self) -> None:
@@ -110,13 +118,33 @@ class BroadcastPush(WeightPushBase):
                  for i, w in enumerate(self.samplers.workers)]
         self.trainer.broadcast_join(host, port, world, self.timeout_s)
         ray.get(joins)
-        self._group_restarts = getattr(self.samplers, "restarts", 0)
+        self._group_restarts = self._restarts()
+
+    def _restarts(self) -> tuple[int, int]:
+        return getattr(self.samplers, "restarts", 0), getattr(self.trainer, "restarts", 0)
 
     async def _send(self, version: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
-        if getattr(self.samplers, "restarts", 0) != self._group_restarts:
-            await asyncio.to_thread(self._form_group)
-        payload = await self.trainer.broadcast_prepare(version, self.verify)
-        send = asyncio.ensure_future(self.trainer.broadcast_send())
-        reports = await self.samplers.receive_weights(payload, version)
-        timings = dict(payload.timings, send_s=await send)
-        return timings, reports
+        from pipeline.sampler import LOSSES_PER_CALL, PushInterrupted
+
+        for attempt in range(LOSSES_PER_CALL + 1):
+            if self._restarts() != self._group_restarts:
+                await asyncio.to_thread(self._form_group)
+            payload = await self.trainer.broadcast_prepare(version, self.verify)
+            send = asyncio.ensure_future(self.trainer.broadcast_send())
+            try:
+                reports = await self.samplers.receive_weights(payload, version)
+            except PushInterrupted as e:
+                # the sender fails (or ends) on the broken group and drops it, which ends the
+                # survivors' receives; then a new group with the replacement gets the push again
+                try:
+                    await send
+                except Exception:
+                    pass
+                if attempt == LOSSES_PER_CALL:
+                    raise
+                print(f"[weight_sync] broadcast of version {version}: {e}; forming the group again",
+                      file=sys.stderr, flush=True)
+                continue
+            timings = dict(payload.timings, send_s=await send)
+            return timings, reports
+        raise AssertionError("unreachable")

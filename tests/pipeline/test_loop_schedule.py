@@ -90,10 +90,11 @@ class FakeLogger:
 
 
 def make(tmp_path, k, steps=6, train_s=0.02, turns=1, turn_s=0.0, partial=False, policy="drop",
-         stop_at=None, start_step=0, version=0, pending=None):
+         stop_at=None, start_step=0, version=0, pending=None, max_trainer_restarts=0, every=0):
     cfg = PipelineConfig(mode=None, max_staleness=k, staleness_policy=policy, partial_rollout=partial,
                          steps=steps, tasks_per_batch=2, task_split="train", shuffle_tasks=False,
-                         weight_sync="object_store", initial_weight_sync=False, progress=False, seed=0)
+                         weight_sync="object_store", initial_weight_sync=False, progress=False, seed=0,
+                         max_trainer_restarts=max_trainer_restarts)
     samplers = FakeSamplers(turns, turn_s)
     samplers.held = version
     trainer = FakeTrainer(train_s, stop_at)
@@ -104,7 +105,7 @@ def make(tmp_path, k, steps=6, train_s=0.02, turns=1, turn_s=0.0, partial=False,
                                                     step=step, metrics={}),
         rollout_metrics=lambda s: {}, response_length=lambda step: 8, expected_samples=4,
         logger=FakeLogger(), run_dir=tmp_path,
-        checkpoint_cfg=SimpleNamespace(every=0, at_end=False, dir="ckpt", keep_last=0))
+        checkpoint_cfg=SimpleNamespace(every=every, at_end=False, dir="ckpt", keep_last=0))
     loop = Loop(cfg, parts, timeline_every=0, start_step=start_step, version=version, pending=pending)
     trainer.loop = loop
     return loop, samplers, trainer

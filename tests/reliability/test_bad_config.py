@@ -35,6 +35,7 @@ def test_unknown_keys_and_wrong_types_fail_at_composition(override, named):
     (["+sandbox.timout=3"], "sandbox.timout: no such key"),  # Hydra's + adds it; check refuses
     (["+zzz=1"], "zzz: no such key"),
     (["rollout.turns=0"], "rollout.turns=0: expected >= 1"),
+    (["pipeline.max_trainer_restarts=-1"], "pipeline.max_trainer_restarts=-1: expected >= 0"),
     (["algorithm.clip_ratio_low=0.3", "algorithm.clip_ratio_high=0.2"], "algorithm.clip_ratio_high=0.2 <"),
     (["algorithm.gamma=1.5"], "algorithm.gamma=1.5"),
     (["algorithm.aggregate=mean"], "algorithm.aggregate='mean'"),

@@ -16,7 +16,9 @@ from pipeline.trainer.worker import free_port
 from pipeline.weight_sync import (checksums, choose_transport, flat_layouts, make_weight_sync, pack,
                                   without_aliases)
 from rewards.interface import TaskRef
+from pipeline.weight_sync.broadcast import BroadcastWeights
 from tests.pipeline.conftest import group
+from tests.reliability.test_sampler_faults import _hold_once, _kill_when_held
 
 TEMPERATURE = 1.0
 
@@ -38,7 +40,26 @@ async def generate(pool, version, tasks):
     return [s async for s in pool.generate(version, tasks, version)]
 
 
-def test_push_reaches_every_sampler(ray_local):
+class HeldBroadcast(BroadcastWeights):
+    """A broadcast payload whose first receiver stops inside the push, before any buffer."""
+
+    def __init__(self, inner: BroadcastWeights, marker: str) -> None:
+        super().__init__(inner.version, inner.buffers, inner.checksums, inner.timings)
+        self.marker = marker
+
+    def tensors(self, receiver):
+        _hold_once(self.marker)
+        yield from super().tensors(receiver)
+
+
+async def _push_and_kill(sync, version, marker):
+    push = asyncio.ensure_future(sync.push(version))
+    killed = await _kill_when_held(marker)
+    await asyncio.wait_for(push, 300)
+    return killed
+
+
+def test_push_reaches_every_sampler(ray_local, tmp_path):
     base = group(ModelConfig, "model/tiny")
     other = group(ModelConfig, "model/tiny", **{"tiny.seed": 1})
     rollout = load_rollout_config("hf", ["n_trajectories=2", "turns=1", "max_response_length=8",
@@ -88,6 +109,22 @@ def test_push_reaches_every_sampler(ray_local):
         last = asyncio.run(generate(samplers, 5, tasks))
         assert {s.policy_version for s in last} == {5} and len({s.task_id for s in last}) == 2
         assert max_gap(model1, last) < 1e-4
+
+        # a sampler SIGKILLed inside a broadcast push (the tensors travel once, in a collective it
+        # was part of): it is replaced, the group formed again and the push made again, to both
+        prepare = trainer.broadcast_prepare
+
+        async def held_prepare(version, verify):
+            return HeldBroadcast(await prepare(version, verify), str(tmp_path / "held"))
+
+        trainer.broadcast_prepare = held_prepare
+        pids = {p["pid"] for p in asyncio.run(samplers.ping())}
+        killed = asyncio.run(_push_and_kill(bsync, 6, tmp_path / "held"))
+        assert killed in pids and samplers.restarts == 2
+        held = asyncio.run(samplers.ping())
+        assert killed not in {p["pid"] for p in held} and [p["version"] for p in held] == [6, 6]
+        last = asyncio.run(generate(samplers, 6, tasks))
+        assert {s.policy_version for s in last} == {6} and max_gap(model1, last) < 1e-4
     finally:
         samplers.shutdown()
         trainer.shutdown()
