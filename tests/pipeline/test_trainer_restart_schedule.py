@@ -52,7 +52,7 @@ def run_losing(tmp_path, k, lose_at, in_save=False, restarts=3, steps=7, every=2
     loop, samplers, _ = make(tmp_path, k, steps=steps, max_trainer_restarts=restarts, every=every)
     trainer = LosingTrainer(lose_at, in_save)
     trainer.loop = loop
-    loop.p.trainer = trainer
+    loop.parts.trainer = trainer
     history = asyncio.run(loop.run())
     return loop, trainer, history
 
@@ -102,7 +102,7 @@ def test_a_loss_past_the_bound_stops_the_run(tmp_path):
 def test_another_actors_error_is_not_a_trainer_restart(tmp_path):
     loop, samplers, _ = make(tmp_path, 1, steps=3, max_trainer_restarts=3)
     trainer = LosingTrainer([])
-    loop.p.trainer = trainer
+    loop.parts.trainer = trainer
 
     def lost_sampler(batch, loss_scale_factor=None):
         raise RayActorError(actor_id="a-sampler", error_msg="not the trainer's")
