@@ -1,5 +1,5 @@
 """pack_rows: the packed layout of TrainBatch rows (that packed rows train like padded ones through
-the trainer's forward: tests/pipeline/test_packed_trainer.py)."""
+the trainer's forward: tests/pipeline/trainer/test_packed_trainer.py)."""
 import torch
 
 from pipeline.algorithms import build_train_batch

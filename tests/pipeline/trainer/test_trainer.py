@@ -133,7 +133,7 @@ def test_chunked_packed_log_probs_train_like_padded_full_logits(configs):
     """verl's FusedLinearForPPO head (2-token chunks here, so every row spans several) on packed
     micro-batches (trainer.remove_padding, varlen attention) gives the same step as log-probs from
     the full [tokens, vocab] logits of padded rows: loss, grad norm and weights. (Each lever alone:
-    tests/pipeline/test_packed_trainer.py.)"""
+    tests/pipeline/trainer/test_packed_trainer.py.)"""
     from pipeline.trainer import TrainerWorker
     from pipeline.trainer.worker import free_port
 

@@ -12,7 +12,7 @@ from pipeline.trainer import varlen
 from pipeline.trainer.forward import attention_implementation, install_log_prob_head, log_probs
 from pipeline.trainer.worker import BATCH_KEYS
 from tests.pipeline.conftest import group
-from tests.pipeline.test_trainer import MAX_RESPONSE, make_samples
+from tests.pipeline.trainer.test_trainer import MAX_RESPONSE, make_samples
 
 
 @pytest.fixture(scope="module")
