@@ -149,7 +149,7 @@ levers|levers-liger|levers-scale)  # issue 19: bench/trainer_rl.py's LEVER_SETS 
   # (rows are saved as they finish; --time-limit-s starts no row that the step's limit would cut)
   set_name=issue19${part#levers}
   if [ "$part" = levers ]; then
-    step gpu_trainer_tests 100 $py -m pytest -x -q -m gpu tests/pipeline/test_gpu_trainer.py
+    step gpu_trainer_tests 100 $py -m pytest -x -q -m gpu tests/pipeline/trainer/test_gpu_trainer.py
   fi
   if [ "$part" = levers-liger ]; then
     bash .ligerpkgs/install.sh 2>&1 | tail -2
