@@ -23,7 +23,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from pipeline.algorithms.config import AlgorithmConfig
 from pipeline.checkpoint import CheckpointConfig
 from pipeline.evaluate_config import EvaluateConfig
-from pipeline.loop import PipelineConfig
+from pipeline.loop_config import PipelineConfig
 from pipeline.metrics import LoggerConfig
 from pipeline.models.config import ModelConfig
 from pipeline.resources import ResourcesConfig

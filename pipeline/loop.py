@@ -23,9 +23,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
-from omegaconf import MISSING
 
 from pipeline import checkpoint
 from pipeline.metrics import env_metrics, eval_latency_metrics, score_metrics
@@ -36,27 +35,7 @@ from pipeline.staleness import (POLICIES, lag_metrics, over_bound, pending_by_st
                                 schedule_name, split_stale, staleness_counts)
 from pipeline.timeline import Timeline
 
-MODES = ("one_off", "sync")  # legacy aliases of max_staleness 1 and 0
-
-
-@dataclass
-class PipelineConfig:
-    mode: Optional[str] = MISSING    # legacy alias: sync (= max_staleness 0) | one_off (= 1) | null
-    max_staleness: int = MISSING     # k: batches generated up to k weights versions ahead
-    staleness_policy: str = MISSING  # drop | wait: a trajectory found over the bound at train time
-    partial_rollout: bool = MISSING  # a push may reach the samplers while a batch is generated
-    steps: int = MISSING             # training steps (batches trained)
-    tasks_per_batch: int = MISSING   # Kevin: 8
-    task_split: str = MISSING        # the env split to train on
-    shuffle_tasks: bool = MISSING    # new task order each pass over the split (seeded)
-    weight_sync: str = MISSING       # auto | object_store | cuda_ipc | broadcast
-    weight_sync_timeout_s: float = MISSING  # forming the broadcast group, at most
-    initial_weight_sync: bool = MISSING  # push the trainer's weights before the first batch
-    verify_weight_sync: bool = MISSING   # compare per-tensor checksums of engine and trainer after each push
-    progress: bool = MISSING         # progress bars on generation / training
-    seed: int = MISSING
-    max_trainer_restarts: int = MISSING  # a lost trainer group restarted in the run from the latest
-                                     # checkpoint at most this many times (AReaL: recover.retries)
+from pipeline.loop_config import PipelineConfig
 
 
 def batch_tasks(tasks: list[Any], batch: int, k: int, seed: int, shuffle: bool) -> list[Any]:
