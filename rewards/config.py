@@ -34,7 +34,7 @@ class RewardConfig:
     correct_weight: float = MISSING     # score = correct_weight * correct + speedup_weight * speedup * correct
     speedup_weight: float = MISSING
     speedup_cap: float | None = MISSING  # speedup credited at most this (null: no cap)
-    excessive_speedup: str = MISSING    # speedup the sandbox flagged as excessive: cap | zero
+    excessive_speedup_policy: str = MISSING  # a result with the sandbox's excessive_speedup flag: cap | zero
     feedback_log_chars: int = MISSING   # compiler / runtime log kept in feedback
     verdict_text_chars: int = MISSING   # sandbox error / log tail kept in the verdict (after secrets are scrubbed)
     max_answer_chars: int = MISSING     # longer responses are rejected as too_long
@@ -94,8 +94,8 @@ def validate(cfg: Any) -> None:
         errors.append("reward.correct_weight / reward.speedup_weight: expected >= 0")
     if cfg.speedup_cap is not None and cfg.speedup_cap <= 0:
         errors.append(f"reward.speedup_cap={cfg.speedup_cap}: expected null or > 0")
-    if cfg.excessive_speedup not in EXCESSIVE_SPEEDUP:
-        errors.append(f"reward.excessive_speedup={cfg.excessive_speedup!r}: expected one of {EXCESSIVE_SPEEDUP}")
+    if cfg.excessive_speedup_policy not in EXCESSIVE_SPEEDUP:
+        errors.append(f"reward.excessive_speedup_policy={cfg.excessive_speedup_policy!r}: expected one of {EXCESSIVE_SPEEDUP}")
     for key in ("feedback_log_chars", "verdict_text_chars", "max_answer_chars", "max_summary_chars"):
         if getattr(cfg, key) < 1:
             errors.append(f"reward.{key}={getattr(cfg, key)}: expected >= 1")

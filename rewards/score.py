@@ -17,12 +17,12 @@ class ScoreBreakdown:
 
 
 def score_result(result: EvalResult, cfg: Any, violations: bool = False) -> ScoreBreakdown:
-    """``cfg`` carries correct_weight, speedup_weight, speedup_cap, excessive_speedup.
+    """``cfg`` carries correct_weight, speedup_weight, speedup_cap, excessive_speedup_policy.
 
     0 for any rule violation (static, or caught by the sandbox at run time: ``rule_violation``) or
     incorrect answer. A correct answer that was not timed (e.g. the
     Triton interpreter on a CPU) earns ``correct_weight`` only. A speedup the sandbox flagged as
-    excessive is not rewarded blindly: it is capped or zeroed (``excessive_speedup``).
+    excessive is not rewarded blindly: it is capped or zeroed (``excessive_speedup_policy``).
     """
     if violations or not result.correct or result.error_kind == "rule_violation":
         return ScoreBreakdown(0.0, None)
@@ -31,7 +31,7 @@ def score_result(result: EvalResult, cfg: Any, violations: bool = False) -> Scor
         return ScoreBreakdown(base, None, "not timed: correctness credit only")
     speedup, note = float(result.speedup), ""
     if EXCESSIVE_FLAG in result.flags:
-        if cfg.excessive_speedup == "zero":
+        if cfg.excessive_speedup_policy == "zero":
             return ScoreBreakdown(base, 0.0, f"speedup {speedup:.2f}x flagged as excessive: not credited")
         note = f"speedup {speedup:.2f}x flagged as excessive: capped"
         speedup = min(speedup, cfg.speedup_cap) if cfg.speedup_cap is not None else speedup

@@ -32,7 +32,7 @@ def test_cap_and_excessive_speedup_policies():
     flagged = correct(500.0, flags=["excessive_speedup"])
     zeroed = score_result(flagged, CFG)
     assert zeroed.score == pytest.approx(0.3) and "excessive" in zeroed.note
-    capped = score_result(flagged, load_reward_config("kernel", excessive_speedup="cap"))
+    capped = score_result(flagged, load_reward_config("kernel", excessive_speedup_policy="cap"))
     assert capped.score == pytest.approx(10.3)
 
 
