@@ -138,7 +138,9 @@ async def evaluate_all(pool: Any, items: list[dict[str, Any]], backend: str, arg
         it.update(verdict="correct" if res.correct else (res.error_kind or "not_correct"),
                   error_kind=res.error_kind, error=(res.error or "")[:200] or None, speedup=res.speedup,
                   ref_ms=res.ref_runtime_ms, new_ms=res.new_runtime_ms, cache_hit=res.cache_hit,
-                  wall_s=res.wall_s, flags=res.flags, seconds=round(time.monotonic() - t, 2))
+                  wall_s=res.wall_s, flags=res.flags, seconds=round(time.monotonic() - t, 2),
+                  # when it ran, from the phase's start: with wall_s, who overlapped whom on the device
+                  t_start_s=round(t - t0, 2), t_end_s=round(time.monotonic() - t0, 2))
         done += 1
         log(f"{phase} {done}/{len(items)} {it['task']}: {it['verdict']} speedup={fmt(res.speedup)} "
             f"{it['seconds']:.1f}s" + (f" | {it['error'][:120]!r}" if it["error"] else ""))

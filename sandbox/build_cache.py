@@ -77,7 +77,7 @@ class BuildCache:
                     return {**json.loads(marker.read_text()), "cache_hit": True}
                 remove_stale_batons(self.cache / "builds" / bkey, older_than_s=0.0)
                 req = dict(mode="compile", candidate_src=cand_src, backend=backend, device="cpu",
-                           trials=cfg.correctness_trials, cpu_threads=cfg.cpu_threads)
+                           correctness_trials=cfg.correctness_trials, cpu_threads=cfg.cpu_threads)
                 t = time.monotonic()
                 out = await self.launcher.step(req, "compile", bkey, eval_dir / "compile", bkey[:10], cfg, backend,
                                        None, arch, cfg.compile_timeout_s)

@@ -44,7 +44,7 @@ def harness(req: StepRequest, gate: Gate | None) -> dict[str, Any]:
 
     torch.set_num_threads(int(req.cpu_threads))
     protocol.prepare_host_allocator()
-    base = {"backend": req.backend, "device": req.device, "trials": int(req.trials)}
+    base = {"backend": req.backend, "device": req.device, "trials": int(req.correctness_trials)}
     try:
         if req.mode == "compile":
             return {**base, **_compile_step(req)}

@@ -44,7 +44,7 @@ __all__ = ["EvalPool", "as_eval_config", "scrubbed_env"]
 
 # Per-call overrides of the configuration that make sense for one evaluation.
 _OVERRIDABLE = ("correctness_trials", "seed", "warmup_runs", "timing_runs", "timing_input_sets",
-                "compile_timeout_s", "run_timeout_s", "memory_limit_bytes", "excessive_speedup",
+                "compile_timeout_s", "run_timeout_s", "memory_limit_bytes", "excessive_speedup_threshold",
                 "cpu_threads", "poison_bytes", "gpu_flush_bytes", "cpu_flush_bytes")
 # what a run step should have in force; the pool names any that is missing once (reads are open
 # without landlock_read, unix sockets without seccomp, the host's processes without pidns, ...)
@@ -214,12 +214,12 @@ class EvalPool:
             drop = (await self._probe(backend, gate, arch, cfg, eval_dir)).dropped
         timed = backend == "cpu" or on_gpu
         req = dict(mode="run", task_src=ref_src, candidate_src=cand_src, backend=backend,
-                   device="cuda:0" if on_gpu else "cpu", trials=cfg.correctness_trials, seed=cfg.seed,
-                   warmup=cfg.warmup_runs, runs=cfg.timing_runs, input_sets=cfg.timing_input_sets,
+                   device="cuda:0" if on_gpu else "cpu", correctness_trials=cfg.correctness_trials, seed=cfg.seed,
+                   warmup_runs=cfg.warmup_runs, timing_runs=cfg.timing_runs, timing_input_sets=cfg.timing_input_sets,
                    checked_share=cfg.checked_share,
                    tolerance={k: dataclasses.asdict(v) for k, v in cfg.tolerance.items()},
                    flush_bytes=cfg.gpu_flush_bytes if on_gpu else cfg.cpu_flush_bytes,
-                   poison_bytes=cfg.poison_bytes, excessive_speedup=cfg.excessive_speedup,
+                   poison_bytes=cfg.poison_bytes, excessive_speedup_threshold=cfg.excessive_speedup_threshold,
                    cpu_threads=cfg.cpu_threads, ref_runtime_ms=ref_ms, timeout_s=_run_limit(cfg, ref_ms), timed=timed)
         limit = req["timeout_s"] + max(30.0, req["timeout_s"])
         # a task's first GPU step runs alone and measures what later ones reserve; the host's slots
@@ -309,7 +309,7 @@ class EvalPool:
                              eval_dir: Path) -> ProbeVerdict:
         async def run(dropped: tuple[str, ...]) -> tuple[bool, str, list[str] | None]:
             req = dict(mode="probe", probe_src=self.isolation_probe.src, backend=backend,
-                       device="cuda:0" if gpu else "cpu", trials=0, cpu_threads=cfg.cpu_threads)
+                       device="cuda:0" if gpu else "cpu", correctness_trials=0, cpu_threads=cfg.cpu_threads)
             workdir = eval_dir / f"probe-{'-'.join(dropped) or 'full'}"
             self._stats["isolation_probe_runs"] += 1
             out = await self._launcher.step(req, "probe", "isolation_probe", workdir, "isolation-probe", cfg,

@@ -101,7 +101,7 @@ class RunStep:
         big = share.nbytes_of(self.sets[0]["values"]) > _BIG_INPUTS
         # with inputs of several GiB, one buffer: the device holds it, the check set, a fresh draw
         # and three outputs at once (addresses then repeat; values still never do)
-        self.sets += [self._make_set(k, [self.cand, self.ref]) for k in range(1, 1 if big else int(req.input_sets))]
+        self.sets += [self._make_set(k, [self.cand, self.ref]) for k in range(1, 1 if big else int(req.timing_input_sets))]
         self.check_set = self._make_set(-1, [self.ref])
         wall["inputs"] = round(_perf_counter() - t, 3)
         t = _perf_counter()
@@ -135,7 +135,7 @@ class RunStep:
         self.result.update(stage="done", timed=True, new_runtime_ms=new_ms, ref_runtime_ms=ref_ms,
                            new_runtime_spread=spread, speedup=speedup)
         self.result["flags"] = sorted(set(self.result["flags"]) | set(
-            protocol.speedup_flags(speedup, float(req.excessive_speedup))))
+            protocol.speedup_flags(speedup, float(req.excessive_speedup_threshold))))
         return self.result
 
     def _footprint(self) -> dict[str, int] | None:
@@ -151,7 +151,7 @@ class RunStep:
             return None
         if fp.output_bytes is None:
             return None
-        sets = 1 if fp.input_bytes > _BIG_INPUTS else int(self.req.input_sets)
+        sets = 1 if fp.input_bytes > _BIG_INPUTS else int(self.req.timing_input_sets)
         return {"input_bytes": fp.input_bytes, "param_bytes": fp.param_bytes, "output_bytes": fp.output_bytes,
                 "peak_bytes": fp.peak_bytes, "input_sets": sets}
 
@@ -359,7 +359,7 @@ class RunStep:
     def _correctness(self) -> None:
         req = self.req
         worst_abs = worst_rel = 0.0
-        for i in range(int(req.trials)):
+        for i in range(int(req.correctness_trials)):
             k = i % len(self.sets)
             self._fill(self.sets[k], int(req.seed) + 1 + i)
             inputs_bytes = share.nbytes_of(self.sets[k]["values"])
@@ -382,7 +382,7 @@ class RunStep:
         from sandbox import protocol
 
         req = self.req
-        warmup, runs, n = int(req.warmup), int(req.runs), len(self.sets)
+        warmup, runs, n = int(req.warmup_runs), int(req.timing_runs), len(self.sets)
         checked = set()
         if check:
             for k in range(n):  # at least one per input set, then about checked_share of the rest

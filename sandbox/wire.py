@@ -56,23 +56,23 @@ class StepRequest:
     candidate_src: str = ""
     task_src: str = ""
     probe_src: str = ""
-    trials: int = 0
+    correctness_trials: int = 0    # the configuration's names, on the wire too (sandbox/config.py)
     seed: int = 0
-    warmup: int = 0
-    runs: int = 0
-    input_sets: int = 1
+    warmup_runs: int = 0
+    timing_runs: int = 0
+    timing_input_sets: int = 1
     checked_share: float = 0.2     # share of timed calls whose output is checked (at least one per input set)
     tolerance: dict[str, dict[str, float]] = field(default_factory=dict)
     flush_bytes: int = 0
     poison_bytes: int = 0
-    excessive_speedup: float = 10.0
+    excessive_speedup_threshold: float = 10.0
     ref_runtime_ms: float | None = None   # cached reference time (None: the judge times it)
     timeout_s: float = 0.0
     timed: bool = False
     pch_root: str | None = None
     narrow_header_dir: str | None = None
     read_roots: list[str] = field(default_factory=list)  # extra readable dirs (pch, narrow headers)
-    tail_bytes: int = 8192
+    output_tail_bytes: int = 8192
     gated: bool = False            # wait for the pool's word before touching the device
     gate_fd: int | None = None     # socket to the pool's device gate (the judge keeps it alone)
     key_fd: int | None = None      # socket holding the result key (the outer process reads it)

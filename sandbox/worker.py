@@ -106,7 +106,7 @@ def main() -> int:
     with os.fdopen(conf_r, "rb") as f:
         inner_raw = f.read()
     applied += json.loads(inner_raw) if inner_raw else []
-    tail, raw, status = _pump(log_r, res_r, pid, int(req.tail_bytes))
+    tail, raw, status = _pump(log_r, res_r, pid, int(req.output_tail_bytes))
     result = _parse_result(raw, status)
     candidate = result.pop("candidate_isolation", None)
     if candidate is not None:  # in a run step, what counts is the candidate runner's own layer

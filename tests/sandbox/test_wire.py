@@ -17,7 +17,7 @@ def _request() -> StepRequest:
     return StepRequest(mode="run", backend="cuda", device="cuda:0", workdir="/w", build_dir="/b",
                        limits=Limits(memory_bytes=None, open_files=64, processes=32, cpu_s=60, file_size_bytes=1 << 20),
                        isolation=Isolation(network=True, writes=True, pids=True, drop=["seccomp"], cpus=[3]),
-                       trials=5, seed=7, tolerance={"float32": {"atol": 1e-4, "rtol": 1e-4}}, gated=True)
+                       correctness_trials=5, seed=7, tolerance={"float32": {"atol": 1e-4, "rtol": 1e-4}}, gated=True)
 
 
 def test_a_step_request_survives_its_json_line_with_typed_parts():
