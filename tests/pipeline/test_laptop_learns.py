@@ -2,7 +2,8 @@
 answer corpus (pipeline.sft through the laptop's model.warm_start=kernel_sft, every variant of the
 task's answers, wrong and broken ones weighted up), then GRPO+ with real sandbox evaluations
 (compile-cache hits count), raises the mean reward of the last two steps over the first two. The
-trainer is what raises it: with trainer.optim.lr=0 the rise is not there (docs/sft.md)."""
+trainer is what raises it: with trainer.optim.lr=1e-9 added to LAPTOP (lr 0 is refused at start)
+this test fails, the reward staying where the warm start put it (docs/sft.md)."""
 import json
 from pathlib import Path
 
