@@ -27,6 +27,9 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 class SftConfig:
     data: str = MISSING                 # corpus (the built-in answer corpus) | <path of a JSONL file>
     variants: list[str] = field(default_factory=lambda: MISSING)   # corpus variants; []: all
+    # corpus variant -> copies of its conversations (absent: 1): sets the share of each variant the
+    # warm-started policy writes, e.g. more wrong/broken than fast leaves RL room to raise the reward
+    variant_weights: dict[str, int] = field(default_factory=lambda: MISSING)
     task_ids: list[str] = field(default_factory=lambda: MISSING)   # corpus tasks; []: the train split's
     epochs: int = MISSING               # passes over the conversations
     batch_size: int = MISSING           # conversations per optimiser step
@@ -45,7 +48,8 @@ def conversations(conf: Any, env: Any) -> list[Any]:
 
         ids = list(s.task_ids) or [t.task_id for t in env.tasks("train")
                                    if t.task_id in set(corpus_tasks(env.backend))]
-        return corpus_conversations(env.backend, ids, list(s.variants) or None)
+        return corpus_conversations(env.backend, ids, list(s.variants) or None,
+                                    dict(s.variant_weights))
     known = {t.task_id for split in ("train", "holdout") for t in env.tasks(split)}
     return jsonl_conversations(s.data, known)
 
@@ -54,6 +58,12 @@ def check(conf: Any) -> None:
     errors = []
     if conf.sft.epochs < 1:
         errors.append(f"sft.epochs={conf.sft.epochs}: expected >= 1")
+    from rewards.corpus import VARIANTS
+
+    for v, w in conf.sft.variant_weights.items():
+        if v not in VARIANTS or w < 0:
+            errors.append(f"sft.variant_weights.{v}={w}: expected a corpus variant "
+                          f"({', '.join(VARIANTS)}) with a weight >= 0")
     if conf.sft.batch_size < 1:
         errors.append(f"sft.batch_size={conf.sft.batch_size}: expected >= 1")
     if conf.env != "kernel":

@@ -49,16 +49,20 @@ def _summary(code: str, variant: str) -> str:
 
 
 def corpus_conversations(backend: str, task_ids: list[str] | None = None,
-                         variants: list[str] | None = None) -> list[Conversation]:
-    """One conversation per corpus answer of ``backend`` (only ``task_ids``/``variants`` when given)."""
+                         variants: list[str] | None = None,
+                         weights: dict[str, int] | None = None) -> list[Conversation]:
+    """One conversation per corpus answer of ``backend`` (only ``task_ids``/``variants`` when given),
+    repeated ``weights[variant]`` times where given (0 drops the variant)."""
     from rewards.corpus import corpus_answers
 
     answers = corpus_answers(backend, task_ids)
     if variants:
         answers = [a for a in answers if a.variant in variants]
+    weights = weights or {}
+    answers = [a for a in answers for _ in range(weights.get(a.variant, 1))]
     if not answers:
         raise DataError(f"the built-in corpus has no {backend} answers for tasks={task_ids} "
-                        f"variants={variants}")
+                        f"variants={variants} variant_weights={weights}")
     return [Conversation(a.task_id, answer_text(a.code, _summary(a.code, a.variant)),
                          f"corpus:{a.task_id}:{a.variant}") for a in answers]
 

@@ -2,6 +2,7 @@
 the SFT step of the real FSDP2 trainer worker (one gloo rank, in-process)."""
 import dataclasses
 import json
+from collections import Counter
 
 import pytest
 import torch
@@ -30,6 +31,12 @@ def test_corpus_answers_parse_as_the_env_parses_them():
         parsed = parse_response(c.response)
         assert parsed.ok, (c.label, parsed.error)
         assert parsed.summary and "class ModelNew" in parsed.code
+
+
+def test_variant_weights_repeat_a_variant_and_zero_drops_it():
+    labels = Counter(c.label.rsplit(":", 1)[1]
+                     for c in corpus_conversations("cpu", ["L1/19_silu"], weights={"wrong": 3, "fast": 0}))
+    assert labels == {"slow": 1, "wrong": 3, "broken": 1}
 
 
 def test_jsonl_errors_name_the_file_line_and_field(tmp_path, env):
@@ -114,13 +121,12 @@ def test_warm_start_command_and_cache_key_follow_the_run():
     from pipeline.warm_start import cache_key, sft_overrides
 
     register()
-    cli = ["+experiment=kernel_multiturn", "model.warm_start=kernel_sft", "model.tiny.hidden_size=96",
-           "pipeline.steps=2"]
+    cli = ["+experiment=kernel_multiturn", "model.tiny.hidden_size=96", "pipeline.steps=2"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        default = compose(config_name="config", overrides=[cli[0], "profile=laptop"])
+        full = compose(config_name="config", overrides=[cli[0], "profile=full"])
         cfg = compose(config_name="config", overrides=[*cli, "profile=laptop"])
-    assert default.model.warm_start is None  # opt-in until its RL rise is measured (docs/sft.md)
-    assert cfg.model.warm_start == "kernel_sft"
+    assert full.model.warm_start is None  # a GPU run brings its own model
+    assert cfg.model.warm_start == "kernel_sft"  # the laptop default (docs/sft.md)
     cmd = sft_overrides(cfg, "laptop", cli)
     assert cmd[:3] == ["+experiment=kernel_sft", "profile=laptop", "reward.backend=cpu"]
     assert "model.tiny.hidden_size=96" in cmd and "pipeline.steps=2" not in cmd
