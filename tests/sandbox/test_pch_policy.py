@@ -40,16 +40,16 @@ async def test_a_flag_set_gets_a_pch_build_on_its_second_use_only_once(sandbox_c
     monkeypatch.setenv("CXX", "false")  # the builder's compiler fails at once: what is under test is the schedule
     flags = ["-O2"]
     async with EvalPool(cfg) as pool:
-        pool._schedule_pch(flags)
-        assert not pool._pch_building
-        pool._schedule_pch(flags)
-        pool._schedule_pch(flags)
-        assert len(pool._pch_building) == 1
-        await asyncio.gather(*pool._pch_building.values())
+        pool._builds.schedule_pch(flags)
+        assert not pool._builds.pch_building
+        pool._builds.schedule_pch(flags)
+        pool._builds.schedule_pch(flags)
+        assert len(pool._builds.pch_building) == 1
+        await asyncio.gather(*pool._builds.pch_building.values())
         assert pool.stats().get("pch_failed") == 1.0 and "pch_built" not in pool.stats()
         for _ in range(3):  # a flag set outside PCH_FLAG_SETS is never built, however often it is asked for
-            pool._schedule_pch(["-fno-such-flag-for-this-test"])
-        assert not [k for k in pool._pch_building if "no-such" in k]
+            pool._builds.schedule_pch(["-fno-such-flag-for-this-test"])
+        assert not [k for k in pool._builds.pch_building if "no-such" in k]
     assert not [p for p in (tmp_path / "pch").iterdir() if not p.name.startswith(".")]
 
 
