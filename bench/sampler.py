@@ -173,34 +173,29 @@ async def in_process(args: Any, model_cfg: Any, rollout: Any) -> list[dict[str, 
     def probed(row: dict[str, Any]) -> dict[str, Any]:
         return {**row, **(probe.take(args.repeats, n_req) if probe else {})}
 
+    async def timed(path: str, run_once: Any, counters: bool = True) -> None:
+        """One row: a warm-up run, then ``--repeats`` timed runs (with the engine's counters)."""
+        await run_once(0)  # warm-up
+        probed({})
+        before = dict(engine.stats()) if counters else None
+        runs = [await run_once(i) for i in range(args.repeats)]
+        after = dict(engine.stats()) if counters else None
+        rows.append(probed({"path": path, **best(runs, before, after)}))
+        progress("sampler", rows[-1])
+
+    def alone(_: int) -> Any:
+        return engine_alone(engine, tokenizer, env, tasks, rollout)
+
     try:
         if args.engine == "vllm":
-            await bare_vllm(engine, tokenizer, env, tasks, rollout)  # warm-up
-            probed({})
-            bare = [await bare_vllm(engine, tokenizer, env, tasks, rollout) for _ in range(args.repeats)]
-            rows.append(probed({"path": "bare vLLM (LLM.generate)", **best(bare)}))
-            progress("sampler", rows[-1])
+            await timed("bare vLLM (LLM.generate)", lambda _: bare_vllm(engine, tokenizer, env, tasks, rollout),
+                        counters=False)
             # the same engine without its admission wait: what the wait buys
             wait, engine.admit_wait_s = engine.admit_wait_s, 0.0
-            await engine_alone(engine, tokenizer, env, tasks, rollout)  # warm-up
-            probed({})
-            before = dict(engine.stats())
-            alone = [await engine_alone(engine, tokenizer, env, tasks, rollout) for _ in range(args.repeats)]
-            rows.append(probed({"path": "engine, admit_wait_s=0", **best(alone, before, dict(engine.stats()))}))
-            progress("sampler", rows[-1])
+            await timed("engine, admit_wait_s=0", alone)
             engine.admit_wait_s = wait
-        await engine_alone(engine, tokenizer, env, tasks, rollout)  # warm-up
-        probed({})
-        before = dict(engine.stats())
-        alone = [await engine_alone(engine, tokenizer, env, tasks, rollout) for _ in range(args.repeats)]
-        rows.append(probed({"path": "engine", **best(alone, before, dict(engine.stats()))}))
-        progress("sampler", rows[-1])
-        await through_rollout(engine, tokenizer, env, tasks, rollout, 0)  # warm-up
-        before = dict(engine.stats())
-        probed({})
-        wrapped = [await through_rollout(engine, tokenizer, env, tasks, rollout, i) for i in range(args.repeats)]
-        rows.append(probed({"path": "rollout (in process)", **best(wrapped, before, dict(engine.stats()))}))
-        progress("sampler", rows[-1])
+        await timed("engine", alone)
+        await timed("rollout (in process)", lambda i: through_rollout(engine, tokenizer, env, tasks, rollout, i))
     finally:
         await engine.aclose()
         del engine, model
