@@ -180,9 +180,14 @@ def main() -> None:
                    help="with --stored-answers: share of evaluations given a stored answer (the evaluator's load)")
     p.add_argument("--answer-variants", type=int, default=1,
                    help="with --stored-answers: distinct builds per task (1: the build cache hits after the first)")
+    p.add_argument("--answer-tasks", type=int, default=0,
+                   help="with --stored-answers: only the first N answered tasks (N = pipeline.tasks_per_batch: "
+                        "the same tasks every step, so every build after the first step is a cache hit)")
     p.add_argument("--budget-s", type=float, default=0.0,
                    help="skip a k whose run (timed as the previous one, start-up included) would end past this")
-    p.add_argument("--summarise", default="", help="no run: summarise the histories of this earlier --out file")
+    p.add_argument("--summarise", default="",
+                   help="no run: summarise the histories of these earlier --out files (comma-separated: one "
+                        "k per device call, same overrides), compared as if run side by side")
     args = p.parse_args(own)
     overrides = [f"pipeline.steps={args.steps}", "logger=console", "pipeline.progress=false",
                  "checkpoint.every=0", "checkpoint.at_end=false"] + extra_over
@@ -191,20 +196,27 @@ def main() -> None:
     extra: dict[str, Any] = {"overrides": " ".join(overrides)}
     if args.stored_answers:
         extra["workload"] = (f"stored answers (bench/stored_answers.py): share {args.answer_share} of "
-                             f"evaluations, {args.answer_variants} variant(s) per task")
+                             f"evaluations, {args.answer_variants} variant(s) per task"
+                             f"{f', the first {args.answer_tasks} answered tasks' if args.answer_tasks else ''}")
     if args.summarise:
-        earlier = json.loads(Path(args.summarise).read_text())
-        overrides = earlier["overrides"].split()
-        extra = {"overrides": earlier["overrides"], "measured_on": earlier["machine"],
-                 "summarised_from": args.summarise}  # the numbers are the earlier run's
+        files = [f for f in args.summarise.split(",") if f]
+        earlier = [json.loads(Path(f).read_text()) for f in files]
+        if len({e["overrides"] for e in earlier}) > 1:
+            sys.exit(f"--summarise: {files} were run with different overrides; their k rows do not compare")
+        overrides = earlier[0]["overrides"].split()
+        extra = {"overrides": earlier[0]["overrides"], "measured_on": earlier[0]["machine"],
+                 "summarised_from": files}  # the numbers are the earlier runs'
+        for key in ("workload",):
+            if key in earlier[0]:
+                extra[key] = earlier[0][key]
         from pipeline.staleness import MODE_STALENESS
 
         def k_of(key: Any) -> int:  # files written before max_staleness named rows by mode
             return MODE_STALENESS[key] if key in MODE_STALENESS else int(key)
 
-        walls = {k_of(r.get("k", r.get("mode"))): r["wall_s"] for r in earlier["rows"]}
-        histories = {str(k_of(k)): h for k, h in earlier["history"].items()}
-        rows = [summarise(int(k), h, walls[int(k)]) for k, h in histories.items()]
+        walls = {k_of(r.get("k", r.get("mode"))): r["wall_s"] for e in earlier for r in e["rows"]}
+        histories = {str(k_of(k)): h for e in earlier for k, h in e["history"].items()}
+        rows = [summarise(int(k), h, walls[int(k)]) for k, h in sorted(histories.items(), key=lambda kv: int(kv[0]))]
     else:
         from pipeline.timeline import Timeline
 
@@ -212,7 +224,7 @@ def main() -> None:
         if args.stored_answers:
             from bench.stored_answers import env_factory
 
-            factory = env_factory(args.answer_share, args.answer_variants)
+            factory = env_factory(args.answer_share, args.answer_variants, args.answer_tasks)
         t_begin, last = time.perf_counter(), 0.0
         for k in [int(x) for x in args.ks.split(",")]:
             elapsed = time.perf_counter() - t_begin

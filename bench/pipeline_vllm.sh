@@ -24,28 +24,37 @@
 # The workload is meant to put sync mode's generate+reward and train phases within 1.5x of each
 # other (the bench prints both and their ratio, "sync phases:"). The first run (2 turns, 16
 # trajectories, 512 tokens) was 7x unbalanced: the second turn's generation waited for the first
-# turn's sandbox scores (32-42 s each on the shared GPU) while training took 6.4 s. So the default
-# is one turn (generation never waits for a score; the reward phase is the tail after the last
-# token), 128 trajectories x 3 tasks x 512 tokens (~200 k generated and ~1 M trained tokens a batch:
-# the prompts are ~2 k tokens with the tiny tokenizer) and about 6 sandboxed evaluations a batch
-# (SHARE), 4 steps per k. TURNS, NTRAJ, RESP, SHARE, STEPS move it.
+# turn's sandbox scores (32-42 s each on the shared GPU) while training took 6.4 s. The second (one
+# turn, 3 tasks x 128 trajectories) dealt 3 new tasks of the 12 answered ones at every step, so every
+# step's reward phase was three cold CUDA builds on a CPU shared with vLLM and the trainer (compile
+# p50 33-46 s): generate+reward 3.7-4.5x train. So the default now scores the same 3 tasks at every
+# step (--answer-tasks 3: builds hit the cache from the second step, as a run's repeated answers do;
+# the reward phase is the evaluations' own work on the GPU) with 224 trajectories a task x 512
+# tokens (~340 k generated and ~1.5 M trained tokens a batch: the prompts are ~1.8 k tokens with
+# the tiny tokenizer) and about 6 sandboxed evaluations a batch (SHARE), 4 steps per k.
+# TURNS, NTRAJ, RESP, SHARE, ANSWER_TASKS, STEPS move it. One k per device call fits the 10 min
+# limit (KS=0, then KS=1 on the same warm machine: the build cache in /tmp carries over, so k = 1's
+# steady steps hit it as k = 0's do); `python -m bench.pipeline --summarise k0.json,k1.json` then
+# compares them as one run.
 set -u
 out=${OUT:-/tmp/bench_out}
 mkdir -p "$out"
 export PYTHONPATH=/tmp/site:/tmp/vsite:$PWD PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 \
        TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
        RAY_DEDUP_LOGS=0 WANDB_MODE=disabled
-KS=${KS:-0,1} STEPS=${STEPS:-4} SHARE=${SHARE:-0.0156} BUDGET=${BUDGET:-0} LIMIT=${LIMIT:-440}
-TURNS=${TURNS:-1} NTRAJ=${NTRAJ:-128} RESP=${RESP:-512}
+KS=${KS:-0,1} STEPS=${STEPS:-4} SHARE=${SHARE:-0.009} BUDGET=${BUDGET:-0} LIMIT=${LIMIT:-560}
+TURNS=${TURNS:-1} NTRAJ=${NTRAJ:-224} RESP=${RESP:-512} ANSWER_TASKS=${ANSWER_TASKS:-3}
+SEQS=$((NTRAJ * 3))
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv >"$out/gpu.txt" 2>&1
 timeout -k 15 "$LIMIT" python3 -m bench.pipeline --ks "$KS" --steps "$STEPS" --budget-s "$BUDGET" \
-  --stored-answers --answer-share "$SHARE" --run-root "$out/runs" --out "$out/pipeline_vllm_kernel.json" -- \
+  --stored-answers --answer-share "$SHARE" --answer-tasks "$ANSWER_TASKS" --run-root "$out/runs" --out "$out/pipeline_vllm_kernel.json" -- \
   +experiment=kernel_multiturn resources=one_gpu rollout=vllm reward.backend=cuda reward.profile=cpu \
   model.dtype=bfloat16 model.tiny.vocab_size=151936 model.tiny.hidden_size=896 \
   model.tiny.intermediate_size=4864 model.tiny.num_hidden_layers=24 model.tiny.num_attention_heads=14 \
   model.tiny.num_key_value_heads=2 model.tiny.tie_word_embeddings=true model.tiny.max_position_embeddings=8192 \
   resources.sampler.gpu_memory_fraction=0.4 resources.trainer.gpu_memory_fraction=0.45 \
-  rollout.engine.vllm.max_model_len=8192 pipeline.tasks_per_batch=3 rollout.n_trajectories=$NTRAJ \
+  rollout.engine.vllm.max_model_len=8192 rollout.engine.vllm.max_num_seqs=$SEQS rollout.engine.max_inflight=$SEQS \
+  pipeline.tasks_per_batch=3 rollout.n_trajectories=$NTRAJ \
   rollout.turns=$TURNS rollout.max_prompt_length=4096 rollout.max_response_length=$RESP \
   "rollout.response_length_schedule=[]" algorithm.drop_zero_adv_groups=false algorithm.overlong_filter=off \
   algorithm.micro_batch_tokens=16384 sandbox.cache_dir=/tmp/bench_pipeline_build_cache \

@@ -12,7 +12,9 @@ spread evenly over the calls (the others score the model's own text: a parse err
 sets how much evaluator work a batch brings. ``variants`` > 1 changes a comment in the answer's
 C++/CUDA source from call to call, so that many distinct builds exist per task (the build cache
 then compiles each once, as it would distinct candidates); 1 lets every evaluation after the
-first build hit the cache.
+first build hit the cache. ``tasks`` > 0 keeps only the first that many answered tasks (sorted by
+id): with ``pipeline.tasks_per_batch`` equal to it, every step scores the same tasks, so after the
+first step every build is a cache hit and the reward phase is the evaluations' GPU work alone.
 
 Written here because nothing outside the project can stand in for its own answer files.
 """
@@ -38,13 +40,15 @@ def answer_text(code: str, variant: int) -> str:
 class StoredAnswerEnv:
     """The RewardEnv protocol over a KernelEnv (``inner``), scoring stored answers."""
 
-    def __init__(self, inner: Any, share: float = 1.0, variants: int = 1) -> None:
+    def __init__(self, inner: Any, share: float = 1.0, variants: int = 1, tasks: int = 0) -> None:
         if not 0 < share <= 1:
             raise ValueError(f"--answer-share={share}: expected 0 < share <= 1")
         self.inner, self.share, self.variants = inner, float(share), max(1, int(variants))
         have = set(available(inner.backend))
         every = [r for split in ("train", "holdout") for r in inner.tasks(split)]
-        self._tasks = [r for r in every if r.task_id in have]
+        self._tasks = sorted((r for r in every if r.task_id in have), key=lambda r: r.task_id)
+        if tasks > 0:
+            self._tasks = self._tasks[:tasks]
         if not self._tasks:
             raise ValueError(f"no task of this env has a stored {inner.backend} answer "
                              f"(rewards/solutions/{inner.backend}/: {sorted(have)})")
@@ -74,24 +78,27 @@ class StoredAnswerEnv:
         await self.inner.aclose()
 
 
-def _worker_env(reward_cfg: Any, sandbox_cfg: Any, eval_gpus: Any, share: float, variants: int,
+def _worker_env(reward_cfg: Any, sandbox_cfg: Any, eval_gpus: Any, share: float, variants: int, tasks: int,
                 worker_index: int) -> StoredAnswerEnv:
     from rewards.interface import kernel_env
 
-    return StoredAnswerEnv(kernel_env(reward_cfg, sandbox_cfg, eval_gpus, worker_index), share, variants)
+    return StoredAnswerEnv(kernel_env(reward_cfg, sandbox_cfg, eval_gpus, worker_index), share, variants, tasks)
 
 
-def env_factory(share: float = 1.0, variants: int = 1) -> Any:
+def env_factory(share: float = 1.0, variants: int = 1, tasks: int = 0) -> Any:
     """For ``pipeline.main.Session(env_factory=...)``: each sampler worker builds its own."""
 
     def factory(cfg: Any, eval_gpus: Any) -> Any:
         if cfg.env != "kernel":
             raise ValueError(f"--stored-answers needs env=kernel (this config has env={cfg.env})")
         answered = len(available(cfg.reward.backend))
+        if tasks > 0:
+            answered = min(answered, tasks)
         if cfg.pipeline.tasks_per_batch > answered:  # a task twice in a batch would repeat sample uids
             raise ValueError(f"--stored-answers: pipeline.tasks_per_batch={cfg.pipeline.tasks_per_batch} "
-                             f"but only {answered} tasks have a stored {cfg.reward.backend} answer")
-        spec = functools.partial(_worker_env, cfg.reward, cfg.sandbox, eval_gpus, share, variants)
+                             f"but only {answered} tasks have a stored {cfg.reward.backend} answer"
+                           f"{' (--answer-tasks)' if tasks > 0 else ''}")
+        spec = functools.partial(_worker_env, cfg.reward, cfg.sandbox, eval_gpus, share, variants, tasks)
         spec.per_worker = True  # type: ignore[attr-defined]  # build_env passes the worker index
         return spec
 

@@ -133,3 +133,41 @@ def test_trainer_levers_expand_named_sets_and_run_liger_rows_last():
                                                        liger=False, ckpt=False)]
     with pytest.raises(SystemExit, match="qwen0.5b/unpadded"):
         parse_levers("qwen0.5b/unpadded", "qwen0.5b", False)
+
+
+def test_stored_answers_keep_the_first_tasks_when_limited():
+    from bench.stored_answers import StoredAnswerEnv
+    from rewards.config import load_reward_config
+    from rewards.env import KernelEnv
+
+    inner = KernelEnv(load_reward_config("kernel", backend="cuda"), eval_pool=None)
+    every = [r.task_id for r in StoredAnswerEnv(inner).tasks("train")]
+    three = [r.task_id for r in StoredAnswerEnv(inner, tasks=3).tasks("train")]
+    assert len(every) > 3 and three == sorted(every)[:3]
+
+
+def test_pipeline_bench_summarises_one_k_per_file_as_one_run(tmp_path, monkeypatch, capsys):
+    import json
+    import sys
+
+    from bench import pipeline as bp
+
+    files = []
+    for k in (0, 1):
+        path = tmp_path / f"k{k}.json"
+        path.write_text(json.dumps({"overrides": "pipeline.steps=6 x=1", "machine": "test",
+                                    "rows": [{"k": k, "wall_s": 10.0 + k}], "history": {str(k): _history(k)}}))
+        files.append(str(path))
+    out = tmp_path / "both.json"
+    monkeypatch.setattr(sys, "argv", ["bench.pipeline", "--summarise", ",".join(files), "--out", str(out)])
+    bp.main()
+    both = json.loads(out.read_text())
+    assert [r["k"] for r in both["rows"]] == [0, 1]
+    assert both["speedup_bound_one_off"] == pytest.approx(2.0)
+    assert both["speedup_k1_over_k0"] == pytest.approx(both["rows"][0]["step_s"] / both["rows"][1]["step_s"])
+    bad = tmp_path / "other.json"
+    bad.write_text(json.dumps({"overrides": "pipeline.steps=6 x=2", "machine": "test",
+                               "rows": [{"k": 2, "wall_s": 1.0}], "history": {"2": _history(2)}}))
+    monkeypatch.setattr(sys, "argv", ["bench.pipeline", "--summarise", f"{files[0]},{bad}"])
+    with pytest.raises(SystemExit, match="different overrides"):
+        bp.main()
