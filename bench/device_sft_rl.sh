@@ -12,7 +12,9 @@
 # backend at the tasks' full sizes. The SFT runs on the GPU (resources=one_gpu passed to it) at
 # SFT_LR; RL at RL_LR (the tiny model's 1e-4 broke the copied answers at 3e-4; a 24-layer body is
 # given less). Needs the vLLM 0.24 bundle at /tmp/vsite (../shared/tools/DEVICE-VLLM.md) and
-# .devpkgs at /tmp/site. Writes under $OUT: sft_rl.log, metrics.jsonl, episodes (sample) and the
+# .devpkgs at /tmp/site. The SFT step logs to the console (logger=console): .devpkgs' wandb lacks
+# platformdirs, and the warm start's own logger.mode=disabled still imports wandb (its first H200
+# try, 2026-12-04, stopped there). Writes under $OUT: sft_rl.log, metrics.jsonl, episodes (sample) and the
 # timeline of the RL run.
 set -u
 out=${OUT:-/tmp/bench_out}
@@ -27,7 +29,7 @@ timeout -k 15 "$LIMIT" python3 -m pipeline.main +experiment=kernel_multiturn pro
   resources=one_gpu rollout=$ROLLOUT reward.backend=cuda reward.profile=full model.dtype=bfloat16 \
   model.tiny.hidden_size=896 model.tiny.intermediate_size=4864 model.tiny.num_hidden_layers=24 \
   model.tiny.num_attention_heads=14 model.tiny.num_key_value_heads=2 model.tiny.max_position_embeddings=8192 \
-  "model.warm_start_overrides=[\"resources=one_gpu\",\"trainer.optim.lr=$SFT_LR\"]" \
+  "model.warm_start_overrides=[\"resources=one_gpu\",\"trainer.optim.lr=$SFT_LR\",\"logger=console\"]" \
   model.warm_start_dir=/tmp/warm_start sandbox.cache_dir=/tmp/sft_rl_build_cache \
   trainer.optim.lr=$RL_LR pipeline.steps=$STEPS logger=console name=sft_rl hydra.run.dir=$run \
   "$@" >"$out/sft_rl.log" 2>&1

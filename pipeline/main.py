@@ -45,7 +45,8 @@ def banner(cfg: DictConfig, profile: str) -> str:
                  if cfg.model.warm_start and cfg.env == "kernel" and cfg.model.path == "tiny"
                  else "tiny random Qwen2" if cfg.model.path == "tiny" else f"model.path={cfg.model.path}")
         backend = cfg.reward.backend if cfg.env == "kernel" else "toy"
-        return (f"[pipeline] laptop profile (no GPU visible and model.path=tiny): {model}, {cfg.env} "
+        why = "profile=laptop" if cfg.profile == "laptop" else "no GPU visible and model.path=tiny"
+        return (f"[pipeline] laptop profile ({why}): {model}, {cfg.env} "
                 f"env on the {backend} backend, {size}, {_schedule(p)}. On a cluster: model=local model.path=<HF dir> "
                 "resources=<split> (or profile=full).")
     return f"[pipeline] full profile: model.path={cfg.model.path}, {size}, {_schedule(p)}."
