@@ -20,6 +20,7 @@ class TrainerRestarts:
     history: list[dict[str, float]]
     events: list[tuple[str, int, int]]
     trainer_restarts: int
+    stop_requested: bool          # SIGTERM/SIGINT seen: the signal usually reached every rank too
     _restore: tuple[int, int, Path | None]
     _kept: dict[int, Any]          # step -> GeneratedBatch
     _ready: dict[int, Any]
@@ -30,10 +31,19 @@ class TrainerRestarts:
         from the latest checkpoint (or the run's initial weights), the samplers get those weights,
         and every batch trained since goes back to be trained again in order, the same samples (no
         sample regenerated, lost or left in the weights twice). Returns the step to go on from.
-        Any other error, or a loss past ``pipeline.max_trainer_restarts``, is raised."""
+        Any other error, a loss past ``pipeline.max_trainer_restarts``, or a loss after a stop was
+        requested is raised: a SIGTERM or Ctrl-C sent to the job's process group (a scheduler's
+        preemption, ``timeout``) reaches the trainer ranks as well, and restarting them into a job
+        that is being stopped only spends its grace period."""
         restart = getattr(self.parts.trainer, "restart", None)
         while True:
             if restart is None or not await asyncio.to_thread(trainer_lost, self.parts.trainer, error):
+                raise error
+            if getattr(self, "stop_requested", False):
+                path = self._restore[2]
+                print(f"[pipeline] the trainer was lost at step {step} after a stop was requested (the "
+                      f"signal reaches every process of the job): not restarted; the latest checkpoint "
+                      f"is {path or 'none (the run had not written one)'}", file=sys.stderr, flush=True)
                 raise error
             if self.trainer_restarts >= self.cfg.max_trainer_restarts:
                 print(f"[pipeline] the trainer was lost at step {step} after "

@@ -99,6 +99,27 @@ def test_a_loss_past_the_bound_stops_the_run(tmp_path):
         run_losing(tmp_path / "none", 1, lose_at=[2], restarts=0)
 
 
+def test_a_rank_lost_after_a_stop_request_is_not_restarted(tmp_path, capsys):
+    # a SIGTERM to the job's process group reaches the ranks too: the loop saw the stop request,
+    # then lost the trainer; restarting it would only spend the grace period of a job being stopped
+    loop, samplers, _ = make(tmp_path, 1, steps=7, max_trainer_restarts=3, every=2)
+    trainer = LosingTrainer([3])
+    trainer.loop = loop
+    loop.parts.trainer = trainer
+    real_train = trainer.train
+
+    def stop_then_train(batch, loss_scale_factor=None):
+        if batch.step == 3:
+            loop.stop_requested = True
+        return real_train(batch, loss_scale_factor)
+
+    trainer.train = stop_then_train
+    with pytest.raises(RayActorError):
+        asyncio.run(loop.run())
+    assert trainer.restarted_from == []
+    assert "after a stop was requested" in capsys.readouterr().err
+
+
 def test_another_actors_error_is_not_a_trainer_restart(tmp_path):
     loop, samplers, _ = make(tmp_path, 1, steps=3, max_trainer_restarts=3)
     trainer = LosingTrainer([])
