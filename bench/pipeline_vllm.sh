@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # bench.pipeline on one H200 with the vLLM engine and the kernel env (cuda backend): sync (k = 0)
-# and one_off (k = 1) side by side in one device call (< 8 min):
+# and one_off (k = 1), one k per device call on the same warm machine (each takes 4-8 min: Ray,
+# vLLM (~50 s cold, ~25 s with the compile cache) and the trainer start, and k = 0's first step
+# builds the three answers, ~120 s):
 #
-#   bash .devpkgs/install.sh && bash bench/pipeline_vllm.sh [extra Hydra overrides]
-#
-# and k = 2 against its own k = 0 in a second call: KS=0,2 bash bench/pipeline_vllm.sh. (Three
-# sessions do not fit one call: each starts Ray, vLLM (~50 s cold, ~25 s with the compile cache)
-# and the trainer, and k = 0's first step also builds the three answers.)
+#   bash .devpkgs/install.sh && KS=0 bash bench/pipeline_vllm.sh [extra Hydra overrides]
+#   KS=1 bash bench/pipeline_vllm.sh                                   # the next call
+#   python -m bench.pipeline --summarise k0/pipeline_vllm_kernel.json,k1/pipeline_vllm_kernel.json
 #
 # Needs the vLLM 0.24 bundle installed at /tmp/vsite (../shared/tools/DEVICE-VLLM.md) and
 # .devpkgs at /tmp/site. Writes under $OUT: pipeline_vllm_kernel.json (rewritten after each k),
@@ -42,7 +42,7 @@ mkdir -p "$out"
 export PYTHONPATH=/tmp/site:/tmp/vsite:$PWD PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 \
        TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
        RAY_DEDUP_LOGS=0 WANDB_MODE=disabled
-KS=${KS:-0,1} STEPS=${STEPS:-4} SHARE=${SHARE:-0.009} BUDGET=${BUDGET:-0} LIMIT=${LIMIT:-560}
+KS=${KS:-0} STEPS=${STEPS:-4} SHARE=${SHARE:-0.009} BUDGET=${BUDGET:-0} LIMIT=${LIMIT:-560}
 TURNS=${TURNS:-1} NTRAJ=${NTRAJ:-224} RESP=${RESP:-512} ANSWER_TASKS=${ANSWER_TASKS:-3}
 SEQS=$((NTRAJ * 3))
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv >"$out/gpu.txt" 2>&1
