@@ -56,6 +56,8 @@ class BatchStats:
     t_last_gen_end: float = 0.0          # last generated token of the batch
     t_first_score: float = 0.0
     t_last_score: float = 0.0
+    engine_steps: float = 0.0            # the engine's steps (vLLM) or generate calls (HF) in this batch
+    engine_busy_s: float = 0.0           # seconds inside them: step time tells a slower engine from a starved one
     latencies_s: list[float] = field(default_factory=list)   # per sample: gen start -> score
     failures: list[str] = field(default_factory=list)        # trajectory-level errors (first 20)
 
@@ -82,6 +84,8 @@ class BatchStats:
             "response/truncated_frac": self.n_truncated / self.n_samples if self.n_samples else 0.0,
             "response/length_mean": self.response_tokens / self.n_samples if self.n_samples else 0.0,
             "perf/gen_tokens_per_s": self.response_tokens / self.gen_s if self.gen_s else 0.0,
+            "perf/engine_steps": self.engine_steps,
+            "perf/engine_step_ms": 1e3 * self.engine_busy_s / self.engine_steps if self.engine_steps else 0.0,
         }
 
     def merge(self, other: "BatchStats") -> "BatchStats":
@@ -92,7 +96,8 @@ class BatchStats:
         out = dataclasses.replace(self, latencies_s=self.latencies_s + other.latencies_s,
                                   failures=(self.failures + other.failures)[:20])
         for name in ("n_tasks", "n_trajectories", "n_samples", "n_errors", "n_truncated",
-                     "ended_prompt_too_long", "history_turns_dropped", "response_tokens"):
+                     "ended_prompt_too_long", "history_turns_dropped", "response_tokens",
+                     "engine_steps", "engine_busy_s"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         out.t_start = min(self.t_start, other.t_start)
         out.t_last_gen_end = max(self.t_last_gen_end, other.t_last_gen_end)

@@ -124,10 +124,15 @@ class SamplerWorker(WeightReceiverMixin):
                        starts: Starts | None = None) -> AsyncIterator[Any]:
         stats = BatchStats()
         _, per_item = stream_shape(self.cfg.stream_buffer)
+        from pipeline.engines import engine_counters
+
+        before = engine_counters(self.engine)
         async for samples in stream_episode_chunks(self.engine, self.tokenizer, self.env, tasks, step,
                                                    version, self.cfg, stats=stats, starts=starts,
                                                    max_chunk=per_item):
             yield samples
+        after = engine_counters(self.engine)
+        stats.engine_steps, stats.engine_busy_s = after[0] - before[0], after[1] - before[1]
         self.last_stats, self.batches = stats, self.batches + 1
         yield stats
 
@@ -421,3 +426,4 @@ class SamplerGroup:
                 pass  # a dead worker has nothing left to close
             ray.kill(w)
         self.workers = []
+

@@ -46,3 +46,10 @@ def make_engine(cfg: Any, model: Any, tokenizer: Any) -> Engine:
     engine = VLLMEngine(str(model), tokenizer, cfg.vllm, max_inflight=cfg.max_inflight)
     engine.owned_dir = tmp_dir  # removed by aclose()
     return engine
+
+def engine_counters(engine: Any) -> tuple[float, float]:
+    """(steps, seconds inside them) so far: vLLM counts its engine steps, HF its generate calls."""
+    st = engine.stats()
+    if "steps" in st:
+        return float(st["steps"]), float(st.get("busy_s", 0.0))
+    return float(st.get("batches", 0.0)), float(st.get("gen_s", 0.0))

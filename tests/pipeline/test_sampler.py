@@ -67,6 +67,10 @@ async def test_pool_streams_samples_from_every_worker(pool):
     assert pool.last_stats.n_samples == 27 and pool.last_stats.n_tasks == 3
     stats = await pool.stats()
     assert [s["batches"] for s in stats] == [1.0, 1.0] and all(s["engine/requests"] > 0 for s in stats)
+    # the batch's engine counters: both workers' generate calls (HF) and the seconds inside them
+    assert pool.last_stats.engine_steps == sum(s["engine/batches"] for s in stats) >= 2
+    m = pool.last_stats.metrics()
+    assert m["perf/engine_steps"] >= 2 and 0 < m["perf/engine_step_ms"] <= 1e3 * pool.last_stats.gen_s
     info = await pool.ping()
     assert len({i["pid"] for i in info}) == 2
 
