@@ -86,6 +86,20 @@ def run_k(k: int, overrides: list[str], run_dir: Path,
         session.close()
 
 
+def logged_history(path: Path) -> list[dict[str, float]]:
+    """A run's metrics.jsonl under the loop's internal names (what ``run_k`` returns): what is left
+    of a run cut short (a device call's limit, a lost part) before it returned its history."""
+    from pipeline.metric_names import RENAMES
+
+    internal: dict[str, str] = {}
+    for name, logged in RENAMES.items():
+        internal.setdefault(logged, name)
+    if not path.exists():
+        return []
+    return [{internal.get(k, k): v for k, v in json.loads(line).items()}
+            for line in path.read_text().splitlines() if line.strip()]
+
+
 def steady_steps(history: list[dict[str, float]], k: int) -> list[dict[str, float]]:
     """The steps a schedule's steady state is measured on (module docstring)."""
     steady = history[1:len(history) - max(1, k)]
@@ -235,7 +249,17 @@ def main() -> None:
                 continue
             run_dir = root / f"k{k}-{int(time.time())}"
             t_k = time.perf_counter()
-            history, wall = run_k(k, overrides, run_dir, factory)
+            cut: BaseException | None = None
+            try:
+                history, wall = run_k(k, overrides, run_dir, factory)
+            except BaseException as e:  # noqa: BLE001 - keep the steps it logged, then stop
+                history, wall, cut = logged_history(run_dir / "metrics.jsonl"), time.perf_counter() - t_k, e
+                if not history:
+                    raise
+                extra.setdefault("cut", {})[str(k)] = (f"{type(e).__name__}: {e}"[:300] + f"; {len(history)} "
+                                                       "steps kept from its metrics.jsonl")
+                print(f"[bench.pipeline] k={k} cut short ({type(e).__name__}): summarising its "
+                      f"{len(history)} logged steps", flush=True)
             last = time.perf_counter() - t_k
             histories[str(k)] = history
             spans = run_dir / "timeline.jsonl"
@@ -248,6 +272,8 @@ def main() -> None:
                 _balance_line(compare(rows))
             _write(args.out, {"bench": "pipeline", "machine": machine(), "partial": True,
                               "rows": rows, **extra, **compare(rows), "history": histories})
+            if cut is not None:
+                raise cut
     extra.update(compare(rows))
     _balance_line(extra)
     report("pipeline", args, rows, {**extra, "history": histories}, columns=COLUMNS)

@@ -171,3 +171,29 @@ def test_pipeline_bench_summarises_one_k_per_file_as_one_run(tmp_path, monkeypat
     monkeypatch.setattr(sys, "argv", ["bench.pipeline", "--summarise", f"{files[0]},{bad}"])
     with pytest.raises(SystemExit, match="different overrides"):
         bp.main()
+
+
+def test_pipeline_bench_keeps_what_a_cut_run_logged(tmp_path, monkeypatch):
+    import json
+    import sys
+
+    from bench import pipeline as bp
+    from pipeline.metric_names import logged_name
+
+    def cut_run(k, overrides, run_dir, env_factory=None):  # a run its call's limit stopped in step 3
+        run_dir.mkdir(parents=True)
+        with open(run_dir / "metrics.jsonl", "w") as f:
+            for h in _history(k)[:3]:
+                f.write(json.dumps({logged_name(key): v for key, v in h.items()}) + "\n")
+        raise RuntimeError("the trainer was lost after a stop was requested")
+
+    monkeypatch.setattr(bp, "run_k", cut_run)
+    out = tmp_path / "p.json"
+    monkeypatch.setattr(sys, "argv", ["bench.pipeline", "--ks", "0,1", "--steps", "6",
+                                      "--run-root", str(tmp_path / "runs"), "--out", str(out)])
+    with pytest.raises(RuntimeError, match="stop was requested"):
+        bp.main()
+    got = json.loads(out.read_text())
+    assert [r["k"] for r in got["rows"]] == [0]  # k = 1 was not started after the cut
+    assert "RuntimeError" in got["cut"]["0"] and [h["step"] for h in got["history"]["0"]] == [0, 1, 2]
+    assert got["rows"][0]["step_s"] == pytest.approx(_history(0)[1]["timing/step"])
