@@ -133,6 +133,10 @@ def sync(device: torch.device) -> None:
 
 def profile_step(model: torch.nn.Module, opt: torch.optim.Optimizer, micro: list[dict[str, torch.Tensor]],
                  device: torch.device, path: str) -> None:
+    profile_call(lambda: step(model, opt, micro), device, path)
+
+
+def profile_call(fn: Any, device: torch.device, path: str) -> None:
     """One step under torch.profiler: is the step bound by the GPU's kernels or by the host
     (launches, syncs, FSDP bookkeeping)? Writes the top of the kernel table and the busy share."""
     from torch.profiler import ProfilerActivity, profile
@@ -141,7 +145,7 @@ def profile_step(model: torch.nn.Module, opt: torch.optim.Optimizer, micro: list
     sync(device)
     t0 = time.perf_counter()
     with profile(activities=acts) as prof:
-        step(model, opt, micro)
+        fn()
         sync(device)
     wall = time.perf_counter() - t0
     events = prof.key_averages()
@@ -205,6 +209,8 @@ def main() -> None:
     p.add_argument("--time-limit-s", type=float, default=0.0, help="start no rl-step row after this many "
                    "seconds (the rows left are listed as skipped; 0: no limit)")
     p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--rl-profile", default="", help="a directory: one more step of each rl-step row under "
+                   "torch.profiler, its kernel table written there as <row>.txt (after the timed steps)")
     p.add_argument("--profile", default="", help="write a torch.profiler summary of one step of the first "
                    "layout to this file (GPU busy time against wall time, the top kernels)")
     args = p.parse_args()

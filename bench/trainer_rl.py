@@ -6,7 +6,9 @@ shape. Counted as in bench/trainer.py: real tokens only, 6 (8 with the old-log-p
 """
 from __future__ import annotations
 
+import os
 import random
+import re
 import time
 from typing import Any
 
@@ -66,6 +68,12 @@ def rl_step(args: Any, arch: dict[str, Any], lengths: list[int], device: torch.d
         sync(device)
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
+    if getattr(args, "rl_profile", ""):  # after the timed steps: the profiler's overhead is not timed
+        from bench.trainer import profile_call
+
+        name = re.sub(r"[^A-Za-z0-9_.+-]+", "_", rl_label(budget, chunk, lever))
+        profile_call(lambda: worker.train_step(shard, plan.ranks[0], plan.global_seqs, plan.global_tokens, max_resp),
+                     device, os.path.join(args.rl_profile, f"{name}.txt"))
     worker.shutdown()
     t = sorted(times)[len(times) // 2]
     L, d, V = arch["num_hidden_layers"], arch["hidden_size"], arch["vocab_size"]
