@@ -21,14 +21,12 @@ import signal
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
-
+from typing import Any
 
 from pipeline import checkpoint
 from pipeline.metrics import env_metrics, eval_latency_metrics, score_metrics
-from pipeline.parts import CheckpointSettings, Logger, Samplers, Trainer, WeightPush, WeightsGone
+from pipeline.parts import GeneratedBatch, LoopParts, WeightsGone  # noqa: F401 - LoopParts: pipeline.loop's too
 from pipeline.recovery import TrainerRestarts
 from pipeline.sample import Sample
 from pipeline.staleness import (POLICIES, lag_metrics, over_bound, pending_by_step, resolve_staleness,
@@ -51,45 +49,6 @@ def batch_tasks(tasks: list[Any], batch: int, k: int, seed: int, shuffle: bool) 
             random.Random(seed * 100003 + epoch).shuffle(order)
         out.append(tasks[order[pos]])
     return out
-
-
-@dataclass
-class GeneratedBatch:
-    step: int
-    version: int                     # what the samplers held when the batch started
-    samples: list[Sample]
-    t_start: float
-    t_end: float
-    last_token: float                # last generated token of the batch
-    rollout: dict[str, float] = field(default_factory=dict)  # the sampler group's batch stats
-    gen_wait: float = 0.0            # seconds the batch waited for a version within the bound
-
-    @property
-    def wall(self) -> float:
-        return self.t_end - self.t_start
-
-    @property
-    def reward_tail(self) -> float:
-        return max(0.0, self.t_end - self.last_token)
-
-
-@dataclass
-class LoopParts:
-    """What the loop drives; built by pipeline.main (or a test: fakes satisfy the Protocols)."""
-
-    samplers: Samplers               # SamplerGroup
-    trainer: Trainer                 # TrainerGroup
-    weight_sync: WeightPush          # pipeline.weight_sync.make_weight_sync
-    tasks: list[Any]                 # TaskRefs of the training split
-    build_batch: Callable[[list[Sample], int], Any]    # (samples, step) -> TrainBatch | None
-    rollout_metrics: Callable[[list[Sample]], dict[str, float]]
-    response_length: Callable[[int], int]              # step -> max response length
-    expected_samples: int            # per batch, for the progress bar
-    logger: Logger                   # MetricsLogger
-    run_dir: Path
-    checkpoint_cfg: CheckpointSettings
-    decode: Callable[[list[int]], str] = lambda ids: ""   # token ids -> text (episode table)
-    timeline: Timeline = field(default_factory=Timeline)
 
 
 def skip_reason(m: dict[str, float], samples: list[Sample]) -> str:

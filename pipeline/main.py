@@ -86,7 +86,8 @@ class Session:
         import verl.trainer.ppo.core_algos  # noqa: F401
 
         from pipeline.algorithms import build_train_batch, rollout_metrics
-        from pipeline.loop import Loop, LoopParts
+        from pipeline.loop import Loop
+        from pipeline.parts import LoopParts
         from pipeline.metrics import MetricsLogger
         from pipeline.models.load import load_tokenizer
         from pipeline.resources import create_resource_pools, init_ray

@@ -1,13 +1,16 @@
 """What the step loop needs of each part, as Protocols: the real parts (SamplerGroup, TrainerGroup,
 the pipeline.weight_sync push objects, MetricsLogger) satisfy them structurally, and so does a
 test's fake, which is how the schedule is tested in seconds without Ray or a model
-(tests/pipeline/test_loop_schedule.py)."""
+(tests/pipeline/test_loop_schedule.py). ``LoopParts`` holds them for the loop; ``GeneratedBatch``
+is what generating one batch hands to training."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Protocol, runtime_checkable
+from typing import Any, AsyncIterator, Callable, Protocol, runtime_checkable
 
 from pipeline.sample import Sample
+from pipeline.timeline import Timeline
 
 
 class WeightsGone(RuntimeError):
@@ -56,3 +59,42 @@ class CheckpointSettings(Protocol):
     at_end: bool
     dir: str
     keep_last: int
+
+
+@dataclass
+class GeneratedBatch:
+    step: int
+    version: int                     # what the samplers held when the batch started
+    samples: list[Sample]
+    t_start: float
+    t_end: float
+    last_token: float                # last generated token of the batch
+    rollout: dict[str, float] = field(default_factory=dict)  # the sampler group's batch stats
+    gen_wait: float = 0.0            # seconds the batch waited for a version within the bound
+
+    @property
+    def wall(self) -> float:
+        return self.t_end - self.t_start
+
+    @property
+    def reward_tail(self) -> float:
+        return max(0.0, self.t_end - self.last_token)
+
+
+@dataclass
+class LoopParts:
+    """What the loop drives; built by pipeline.main (or a test: fakes satisfy the Protocols)."""
+
+    samplers: Samplers               # SamplerGroup
+    trainer: Trainer                 # TrainerGroup
+    weight_sync: WeightPush          # pipeline.weight_sync.make_weight_sync
+    tasks: list[Any]                 # TaskRefs of the training split
+    build_batch: Callable[[list[Sample], int], Any]    # (samples, step) -> TrainBatch | None
+    rollout_metrics: Callable[[list[Sample]], dict[str, float]]
+    response_length: Callable[[int], int]              # step -> max response length
+    expected_samples: int            # per batch, for the progress bar
+    logger: Logger                   # MetricsLogger
+    run_dir: Path
+    checkpoint_cfg: CheckpointSettings
+    decode: Callable[[list[int]], str] = lambda ids: ""   # token ids -> text (episode table)
+    timeline: Timeline = field(default_factory=Timeline)
