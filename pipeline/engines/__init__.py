@@ -47,6 +47,7 @@ def make_engine(cfg: Any, model: Any, tokenizer: Any) -> Engine:
     engine.owned_dir = tmp_dir  # removed by aclose()
     return engine
 
+
 def engine_counters(engine: Any) -> tuple[float, float]:
     """(steps, seconds inside them) so far: vLLM counts its engine steps, HF its generate calls."""
     st = engine.stats()
