@@ -113,21 +113,20 @@ async def through_worker(samplers: Any, tasks: list[Any], step: int) -> tuple[in
     return tokens, time.perf_counter() - t0
 
 
-def best(runs: list[tuple[int, float]], before: dict[str, float] | None = None,
-         after: dict[str, float] | None = None) -> dict[str, float]:
-    """The fastest run, the median rate, and from the engine's counters over all the runs (when
-    given): the engine's own generate time and batch count per run. Engine time close to the
-    wall means generate itself ran slower (contention); far below it, the wrapper waited."""
+def best(runs: list[tuple[int, float]], counted: tuple[float, float] | None = None,
+         calls: str = "steps") -> dict[str, float]:
+    """The fastest run, the median rate, and from the engine's counters summed over all the runs
+    (``counted``: pipeline.engines.engine_counters' steps and seconds inside them, when given) its
+    own generate time and ``calls`` per run. Engine time close to the wall means generate itself ran
+    slower (contention); far below it, the wrapper waited."""
     tps = [n / w for n, w in runs if w > 0]
     i = max(range(len(tps)), key=tps.__getitem__)
     out = {"tokens": runs[i][0], "wall_s": runs[i][1], "tokens_per_s": tps[i],
            "tokens_per_s_median": sorted(tps)[len(tps) // 2]}
-    if before is not None and after is not None:
-        # HF counts generate calls and their seconds; vLLM its engine steps and their seconds
-        busy, calls = ("gen_s", "batches") if "gen_s" in after else ("busy_s", "steps")
+    if counted is not None:
         out["wall_s_mean"] = sum(w for _, w in runs) / len(runs)
-        out["engine_s_mean"] = (after[busy] - before[busy]) / len(runs)
-        out[f"{calls}_per_run"] = (after[calls] - before[calls]) / len(runs)
+        out["engine_s_mean"] = counted[1] / len(runs)
+        out[f"{calls}_per_run"] = counted[0] / len(runs)
     return out
 
 
@@ -172,11 +171,12 @@ async def in_process(args: Any, model_cfg: Any, rollout: Any) -> list[dict[str, 
     engine's speed drifts from run to run (the same batch took 14-23 k tokens/s on the H200), so
     paths timed in separate blocks would compare drifts, not paths. Each row also gets the median
     over rounds of its overhead against the reference path's run of the same round."""
-    from pipeline.engines import make_engine
+    from pipeline.engines import engine_counters, make_engine
     from pipeline.models.load import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(model_cfg)
     engine = make_engine(rollout.engine, model, tokenizer)
+    counted_as = counter_name(args)
     env, tasks = toy_tasks(args.tasks)
     probe = StepProbe(engine) if args.engine == "vllm" else None
     n_req = args.tasks * args.trajectories
@@ -198,7 +198,7 @@ async def in_process(args: Any, model_cfg: Any, rollout: Any) -> list[dict[str, 
     paths += [("engine", alone, True),
               ("rollout (in process)", lambda i: through_rollout(engine, tokenizer, env, tasks, rollout, i), True)]
     runs: dict[str, list[tuple[int, float]]] = {name: [] for name, _, _ in paths}
-    busy: dict[str, dict[str, float]] = {name: {} for name, _, _ in paths}
+    busy: dict[str, list[float]] = {name: [0.0, 0.0] for name, _, _ in paths}  # engine steps, seconds
     calls: dict[str, list[tuple[float, int]]] = {name: [] for name, _, _ in paths}
     first: dict[str, list[tuple[float, int]]] = {}
     try:
@@ -208,13 +208,11 @@ async def in_process(args: Any, model_cfg: Any, rollout: Any) -> list[dict[str, 
             probe.take()
         for r in range(args.repeats):
             for name, run_once, counted in paths:
-                before = dict(engine.stats())
+                before = engine_counters(engine)
                 runs[name].append(await run_once(r + 1))
-                after = dict(engine.stats())
+                after = engine_counters(engine)
                 if counted:
-                    for k in ("gen_s", "batches", "busy_s", "steps"):
-                        if k in after:
-                            busy[name][k] = busy[name].get(k, 0.0) + after[k] - before.get(k, 0.0)
+                    busy[name] = [b + a - s for b, a, s in zip(busy[name], after, before)]
                 if probe:
                     taken = probe.take()
                     calls[name] += taken
@@ -222,8 +220,7 @@ async def in_process(args: Any, model_cfg: Any, rollout: Any) -> list[dict[str, 
         rows = []
         ref = paths[0][0]
         for name, _, counted in paths:
-            zero = {k: 0.0 for k in busy[name]}
-            row = {"path": name, **best(runs[name], zero if counted else None, busy[name] if counted else None)}
+            row = {"path": name, **best(runs[name], tuple(busy[name]) if counted else None, counted_as)}
             if name != ref:
                 row["overhead_paired_median"] = statistics.median(
                     1.0 - (n / w) / (n0 / w0) for (n, w), (n0, w0) in zip(runs[name], runs[ref]))
@@ -245,9 +242,17 @@ async def in_process(args: Any, model_cfg: Any, rollout: Any) -> list[dict[str, 
     return rows
 
 
-async def engine_counters(samplers: Any) -> dict[str, float]:
+def counter_name(args: Any) -> str:
+    """What the engine's counter counts: HF its generate calls (batches), vLLM its engine steps."""
+    return "batches" if args.engine == "hf" else "steps"
+
+
+async def worker_counters(samplers: Any) -> tuple[float, float]:
+    """pipeline.engines.engine_counters of the (one) sampler worker's engine, from its stats."""
+    from pipeline.engines import counters_of
+
     stats = (await samplers.stats())[0]
-    return {k: stats[f"engine/{k}"] for k in ("gen_s", "batches", "busy_s", "steps") if f"engine/{k}" in stats}
+    return counters_of({k.removeprefix("engine/"): v for k, v in stats.items() if k.startswith("engine/")})
 
 
 async def in_worker(args: Any, model_cfg: Any, rollout: Any) -> dict[str, Any]:
@@ -261,9 +266,11 @@ async def in_worker(args: Any, model_cfg: Any, rollout: Any) -> dict[str, Any]:
     try:
         _, tasks = toy_tasks(args.tasks)
         await through_worker(samplers, tasks, 0)  # warm-up
-        before = await engine_counters(samplers)
+        before = await worker_counters(samplers)
         runs = [await through_worker(samplers, tasks, i + 1) for i in range(args.repeats)]
-        return {"path": "SamplerWorker (Ray actor)", **best(runs, before, await engine_counters(samplers))}
+        after = await worker_counters(samplers)
+        return {"path": "SamplerWorker (Ray actor)",
+                **best(runs, (after[0] - before[0], after[1] - before[1]), counter_name(args))}
     finally:
         samplers.shutdown()
 

@@ -45,6 +45,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, AsyncIterator
 
+from pipeline.engines import engine_counters
 from pipeline.parts import WeightsGone
 from pipeline.rollout import BatchStats, Starts, stream_episode_chunks
 from pipeline.sample import Sample
@@ -124,8 +125,6 @@ class SamplerWorker(WeightReceiverMixin):
                        starts: Starts | None = None) -> AsyncIterator[Any]:
         stats = BatchStats()
         _, per_item = stream_shape(self.cfg.stream_buffer)
-        from pipeline.engines import engine_counters
-
         before = engine_counters(self.engine)
         async for samples in stream_episode_chunks(self.engine, self.tokenizer, self.env, tasks, step,
                                                    version, self.cfg, stats=stats, starts=starts,
@@ -426,4 +425,3 @@ class SamplerGroup:
                 pass  # a dead worker has nothing left to close
             ray.kill(w)
         self.workers = []
-

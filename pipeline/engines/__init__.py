@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Mapping
 from typing import Any
 
 from pipeline.engines.base import Engine, EngineAsleep, Generation, SamplingParams
@@ -50,7 +51,11 @@ def make_engine(cfg: Any, model: Any, tokenizer: Any) -> Engine:
 
 def engine_counters(engine: Any) -> tuple[float, float]:
     """(steps, seconds inside them) so far: vLLM counts its engine steps, HF its generate calls."""
-    st = engine.stats()
-    if "steps" in st:
-        return float(st["steps"]), float(st.get("busy_s", 0.0))
-    return float(st.get("batches", 0.0)), float(st.get("gen_s", 0.0))
+    return counters_of(engine.stats())
+
+
+def counters_of(stats: Mapping[str, float]) -> tuple[float, float]:
+    """``engine_counters`` from an engine's ``stats()`` dict (a sampler worker reports it remotely)."""
+    if "steps" in stats:
+        return float(stats["steps"]), float(stats.get("busy_s", 0.0))
+    return float(stats.get("batches", 0.0)), float(stats.get("gen_s", 0.0))
