@@ -26,7 +26,7 @@ from typing import Any
 
 from pipeline import checkpoint
 from pipeline.metrics import env_metrics, eval_latency_metrics, score_metrics
-from pipeline.parts import GeneratedBatch, LoopParts, WeightsGone  # noqa: F401 - LoopParts: pipeline.loop's too
+from pipeline.parts import GeneratedBatch, LoopParts, WeightsGone
 from pipeline.recovery import TrainerRestarts
 from pipeline.sample import Sample
 from pipeline.staleness import (POLICIES, lag_metrics, over_bound, pending_by_step, resolve_staleness,

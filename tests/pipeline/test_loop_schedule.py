@@ -14,7 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pipeline.loop import Loop, LoopParts
+from pipeline.loop import Loop
+from pipeline.parts import LoopParts
 from pipeline.loop_config import PipelineConfig
 from pipeline.parts import Logger, Samplers, Trainer, WeightPush
 from pipeline.sample import Sample

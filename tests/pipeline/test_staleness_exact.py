@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from pipeline.algorithms import AlgorithmConfig, build_train_batch
-from pipeline.loop import Loop, LoopParts, batch_tasks
+from pipeline.loop import Loop, batch_tasks
+from pipeline.parts import LoopParts
 from pipeline.loop_config import PipelineConfig
 from pipeline.models import ModelConfig, load_tokenizer
 from pipeline.rollout_config import load_rollout_config
