@@ -25,9 +25,7 @@ part=${1:?usage: bench/device.sh compile|build|gpu|mfu|stream|recheck|vllm|evals
 out=${OUT:-/tmp/bench_out}
 res=/tmp/bench_res/$part
 mkdir -p "$res" "$out"
-export PYTHONPATH=/tmp/site:/tmp/vsite:$PWD PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 \
-       TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
-       RAY_DEDUP_LOGS=0 WANDB_MODE=disabled
+. bench/device_env.sh
 py=python3
 
 step() {  # step NAME LIMIT_S CMD...: run with a limit, log, keep the result files

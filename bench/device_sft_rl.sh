@@ -19,9 +19,7 @@
 set -u
 out=${OUT:-/tmp/bench_out}
 mkdir -p "$out"
-export PYTHONPATH=/tmp/site:/tmp/vsite:$PWD PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 \
-       TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
-       RAY_DEDUP_LOGS=0 WANDB_MODE=disabled
+. bench/device_env.sh
 SFT_LR=${SFT_LR:-3e-4} RL_LR=${RL_LR:-2e-5} STEPS=${STEPS:-8} LIMIT=${LIMIT:-520} ROLLOUT=${ROLLOUT:-vllm}
 run=/tmp/sft_rl_run
 rm -rf "$run"
