@@ -220,9 +220,8 @@ def main() -> None:
         overrides = earlier[0]["overrides"].split()
         extra = {"overrides": earlier[0]["overrides"], "measured_on": earlier[0]["machine"],
                  "summarised_from": files}  # the numbers are the earlier runs'
-        for key in ("workload",):
-            if key in earlier[0]:
-                extra[key] = earlier[0][key]
+        if "workload" in earlier[0]:
+            extra["workload"] = earlier[0]["workload"]
         from pipeline.staleness import MODE_STALENESS
 
         def k_of(key: Any) -> int:  # files written before max_staleness named rows by mode
