@@ -39,7 +39,7 @@ class TrainerRestarts:
         while True:
             if restart is None or not await asyncio.to_thread(trainer_lost, self.parts.trainer, error):
                 raise error
-            if getattr(self, "stop_requested", False):
+            if self.stop_requested:
                 path = self._restore[2]
                 print(f"[pipeline] the trainer was lost at step {step} after a stop was requested (the "
                       f"signal reaches every process of the job): not restarted; the latest checkpoint "
