@@ -32,9 +32,12 @@
 # the reward phase is the evaluations' own work on the GPU). The ninth session ran 224 trajectories
 # a task (672 sequences): balanced (1.45x), but vLLM's steps took 60-70 ms (~10 k tokens/s, half
 # the rate at 384 sequences), likely because 672 is past vLLM's largest CUDA-graph batch (512 by
-# default), so every step ran eager (not verified). The default is now 170 a task (510 sequences,
-# within the graphs; ~260 k generated and ~1.2 M trained tokens a batch: the prompts are ~1.8 k
-# tokens with the tiny tokenizer) and about 6 sandboxed evaluations a batch (SHARE), 4 steps per k.
+# its default), so every step ran without graphs (not verified). The engine now asks vLLM for
+# graphs up to max_num_seqs (rollout.engine.vllm.max_cudagraph_capture_size), so the default is
+# that workload again, 224 a task (672 sequences; ~340 k generated and ~1.6 M trained tokens a
+# batch: the prompts are ~1.8 k tokens with the tiny tokenizer), about 6 sandboxed evaluations a
+# batch (SHARE), 4 steps per k: the same batch with graphs says whether eager steps were the cause.
+# `rollout.engine.vllm.max_cudagraph_capture_size=512` as an extra override repeats the eager case.
 # TURNS, NTRAJ, RESP, SHARE, ANSWER_TASKS, STEPS move it. One k per device call fits the 10 min
 # limit (KS=0, then KS=1 on the same warm machine: the build cache in /tmp carries over, so k = 1's
 # steady steps hit it as k = 0's do); `python -m bench.pipeline --summarise k0.json,k1.json` then
@@ -43,8 +46,8 @@ set -u
 out=${OUT:-/tmp/bench_out}
 mkdir -p "$out"
 . bench/device_env.sh
-KS=${KS:-0} STEPS=${STEPS:-4} SHARE=${SHARE:-0.012} BUDGET=${BUDGET:-0} LIMIT=${LIMIT:-560}
-TURNS=${TURNS:-1} NTRAJ=${NTRAJ:-170} RESP=${RESP:-512} ANSWER_TASKS=${ANSWER_TASKS:-3}
+KS=${KS:-0} STEPS=${STEPS:-4} SHARE=${SHARE:-0.009} BUDGET=${BUDGET:-0} LIMIT=${LIMIT:-560}
+TURNS=${TURNS:-1} NTRAJ=${NTRAJ:-224} RESP=${RESP:-512} ANSWER_TASKS=${ANSWER_TASKS:-3}
 SEQS=$((NTRAJ * 3))
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv >"$out/gpu.txt" 2>&1
 timeout -k 15 "$LIMIT" python3 -m bench.pipeline --ks "$KS" --steps "$STEPS" --budget-s "$BUDGET" \

@@ -22,3 +22,25 @@ def test_a_tensor_parallel_size_apart_from_the_preset_is_named():
         check(cfg)
     msg = str(err.value)
     assert "rollout.engine.vllm.tensor_parallel_size=1" in msg and "resources.sampler.gpus_per_worker=2" in msg
+
+
+@pytest.mark.parametrize("seqs, graphs", [(256, 256), (510, 512), (672, 672), (100, 104), (1, 8)])
+def test_cuda_graphs_cover_the_whole_decode_batch(seqs, graphs):
+    """vLLM's own default stops capturing at min(2 x max_num_seqs, 512) sequences: a batch past it
+    decodes without graphs. The adapter asks for graphs up to max_num_seqs, on vLLM's stride."""
+    from pipeline.engines.vllm import llm_kwargs
+
+    cfg = config("+experiment=kernel_multiturn", "rollout=vllm", f"rollout.engine.vllm.max_num_seqs={seqs}")
+    kwargs = llm_kwargs("/ckpt", cfg.rollout.engine.vllm)
+    assert kwargs["max_num_seqs"] == seqs
+    assert kwargs["compilation_config"] == {"max_cudagraph_capture_size": graphs}
+
+
+def test_cuda_graph_size_set_by_hand_or_eager():
+    from pipeline.engines.vllm import llm_kwargs
+
+    cfg = config("+experiment=kernel_multiturn", "rollout=vllm", "rollout.engine.vllm.max_cudagraph_capture_size=64")
+    assert llm_kwargs("/ckpt", cfg.rollout.engine.vllm)["compilation_config"] == {"max_cudagraph_capture_size": 64}
+    eager = config("+experiment=kernel_multiturn", "rollout=vllm", "rollout.engine.vllm.enforce_eager=true")
+    kwargs = llm_kwargs("/ckpt", eager.rollout.engine.vllm)
+    assert kwargs["enforce_eager"] is True and "compilation_config" not in kwargs
