@@ -29,7 +29,7 @@ from pipeline.beam import BeamConfig, beam_metrics, beam_search, check_beam
 from pipeline.evaluate_config import SEARCHES
 from pipeline.eval_metrics import summarize
 from pipeline.sample import Sample
-from rewards.interface import env_spec
+from rewards.interface import env_spec, split_tasks
 
 
 
@@ -109,6 +109,13 @@ def check(ev: Any) -> None:
         raise ValueError(f"evaluate.ks={list(ev.ks)}: every k must be in [1, evaluate.k={ev.k}]")
 
 
+def _check_split(conf: Any, ev: Any) -> None:
+    if not split_tasks(conf.env, conf.reward, conf.toy, ev.split):
+        chosen = f" reward.task_ids={list(conf.reward.task_ids)}" if conf.env == "kernel" and conf.reward.task_ids else ""
+        raise ValueError(f"evaluate.split={ev.split!r} has no tasks (env={conf.env}{chosen}): "
+                         "choose another split or tasks")
+
+
 def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, float]:
     """Evaluate, write ``eval.json`` and log; returns the metrics."""
     return run_samples(cfg, run_dir)[1]
@@ -133,6 +140,7 @@ def run_samples(cfg: DictConfig, run_dir: str | Path) -> tuple[list[Sample], dic
                        turns=conf.rollout.turns if beam is None else beam.turns_per_round,
                        temperature=ev.temperature if ev.temperature is not None
                        else conf.rollout.temperature)
+    _check_split(conf, ev)  # before Ray and the model start
     started = init_ray(conf.resources)
     try:
         plan = plan_resources(conf.resources, ray.cluster_resources())

@@ -108,6 +108,20 @@ def kernel_env(reward: Any, sandbox: Any, eval_gpus: list[list[int]] | None = No
     return KernelEnv.from_config(reward, sandbox)
 
 
+def split_tasks(env: str, reward: Any, toy: Any, split: str) -> list[TaskRef]:
+    """One split's tasks, read here without a sandbox pool (the task files only), so a command can
+    stop on an empty or unknown split before it starts Ray and the model."""
+    if env == "toy":
+        from rewards.toy import ToyEnv
+
+        return ToyEnv(target=toy.target, n_tasks=toy.n_tasks, n_holdout=toy.n_holdout).tasks(split)
+    if env != "kernel":
+        raise ValueError(f"env={env!r}: expected one of {ENVS}")
+    from rewards.env import KernelEnv
+
+    return KernelEnv(reward, eval_pool=None).tasks(split)
+
+
 def check_env_config(env: str, reward: Any) -> None:
     """The semantic checks of the chosen environment's config (ValueError naming the key)."""
     if env not in ENVS:

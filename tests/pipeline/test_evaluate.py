@@ -42,3 +42,18 @@ def test_evaluate_cli_on_toy_holdout(ray_local, tmp_path):
     assert metrics["eval/pass@1/turns_1"] <= metrics["eval/pass@1"]
     with pytest.raises(ValueError, match="evaluate.ks"):
         run(config("+experiment=toy", "evaluate.k=2", "evaluate.ks=[4]"), tmp_path)
+
+
+def test_an_empty_split_stops_before_ray_starts(monkeypatch, tmp_path):
+    """The laptop's one task is in the train split: evaluating its holdout names the empty split
+    and the chosen tasks at once, before Ray and the model start (it failed after both before)."""
+    import pipeline.resources
+    from pipeline.evaluate import run
+
+    def no_ray(*_a, **_k):
+        raise AssertionError("Ray started for a split with no tasks")
+
+    monkeypatch.setattr(pipeline.resources, "init_ray", no_ray)
+    cfg = config("+experiment=kernel_multiturn", "reward.task_ids=[L1/19_silu]", "evaluate.split=holdout")
+    with pytest.raises(ValueError, match=r"evaluate.split='holdout' has no tasks .*L1/19_silu"):
+        run(cfg, tmp_path)
