@@ -82,7 +82,7 @@ class RewardEnv(Protocol):
 
 def env_spec(env: str, reward: Any, sandbox: Any, toy: Any,
              eval_gpus: list[list[int]] | None = None) -> Any:
-    """What each sampler actor builds its environment from (``pipeline.sampler.build_env``), for the
+    """What each sampler actor builds its environment from (``pipeline.sampler_worker.build_env``), for the
     root config's ``env``, ``reward``, ``sandbox`` and ``toy`` groups. ``eval_gpus[i]``: the
     dedicated evaluation GPUs of sampler worker i (None: the sandbox config's own ``gpu_ids``)."""
     if env == "toy":

@@ -65,7 +65,7 @@ def test_each_sampler_worker_env_gets_its_share(monkeypatch):
     from omegaconf import OmegaConf
 
     import rewards.env
-    from pipeline.sampler import build_env
+    from pipeline.sampler_worker import build_env
     from rewards.interface import env_spec
 
     seen = []

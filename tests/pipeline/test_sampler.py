@@ -8,7 +8,8 @@ from pipeline.models import build_tiny, load_model_config
 from pipeline.rollout import Start
 from pipeline.sample import Sample
 from rewards.interface import Turn
-from pipeline.sampler import SamplerGroup, SamplerWorker, build_env, stream_shape
+from pipeline.sampler import SamplerGroup
+from pipeline.sampler_worker import SamplerWorker, build_env, stream_shape
 from pipeline.weight_sync import ObjectStoreWeights
 from rewards.toy import ToyEnv
 

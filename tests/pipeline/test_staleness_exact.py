@@ -19,7 +19,7 @@ from pipeline.parts import LoopParts
 from pipeline.loop_config import PipelineConfig
 from pipeline.models import ModelConfig, load_tokenizer
 from pipeline.rollout_config import load_rollout_config
-from pipeline.sampler import SamplerWorker
+from pipeline.sampler_worker import SamplerWorker
 from pipeline.trainer import TrainerConfig, TrainerWorker, plan_step
 from pipeline.trainer.worker import BATCH_KEYS, free_port
 from tests.pipeline.conftest import group

@@ -146,7 +146,7 @@ async def test_sampler_worker_builds_vllm_from_the_tiny_config(setup):
     """SamplerWorker in-process (no Ray here): tiny model -> temporary HF dir -> vLLM -> samples."""
     from pipeline.engines.vllm import VLLMEngine
     from pipeline.rollout import BatchStats
-    from pipeline.sampler import SamplerWorker
+    from pipeline.sampler_worker import SamplerWorker
 
     *_, cfg = setup
     cfg = load_rollout_config("vllm", VLLM + ["engine.vllm.enable_sleep_mode=false"])  # one

@@ -59,7 +59,7 @@ def _trainer(q_in, q_out):
 async def test_cuda_ipc_push_into_vllm_keeps_storage_and_changes_generation():
     from pipeline.models.load import load_model_config
     from pipeline.rollout_config import load_rollout_config
-    from pipeline.sampler import SamplerWorker
+    from pipeline.sampler_worker import SamplerWorker
 
     worker = SamplerWorker(load_model_config("tiny", PRESETS["qwen0.5b"] + ["dtype=bfloat16"]),
                            load_rollout_config("vllm", VLLM), {"_target_": "rewards.toy.ToyEnv", "n_tasks": 1})
