@@ -24,6 +24,9 @@ class ObjectStoreWeights:
     def tensors(self, receiver: Any) -> Iterator[tuple[str, torch.Tensor]]:
         import ray
 
+        # runs in the receiver's load thread (asyncio.to_thread), never on the actor's event loop;
+        # Ray still logs "Using blocking ray.get inside async actor" once per sampler actor, for any
+        # thread of an async actor. Fetching here bucket by bucket keeps one bucket in memory at a time
         for bucket in self.buckets:
             # a nested ref arrives unresolved; top-level lists of refs as well
             yield from (ray.get(bucket) if isinstance(bucket, ray.ObjectRef) else bucket)
