@@ -24,15 +24,22 @@ def degenerate(refs: list[torch.Tensor], inputs: list[Any], tolerance: dict[str,
     """Which trivial answers (zeros, a constant, the first input) would pass this task's check at
     these tolerances (KernelBench notes that all-zero outputs pass some level-1 problems): where any
     does, the check is too loose for the task, and :func:`relative_floor` applies as well."""
-    trivial = {"zeros": [torch.zeros_like(r) for r in refs],
-               "constant": [torch.full_like(r, float(r.double().mean())) if r.is_floating_point() and r.numel()
-                            else r.clone() for r in refs]}
+    # one value broadcast, never materialised (a 6 GiB output would need two 6 GiB copies); the
+    # comparison stops at the first slice that misses: only pass or fail matters here
+    trivial = {"zeros": [_filled(r, 0) for r in refs],
+               "constant": [_filled(r, float(r.mean(dtype=torch.float64))) if r.is_floating_point() and r.numel()
+                            else r for r in refs]}
     first = inputs[0] if inputs else None
     if isinstance(first, torch.Tensor) and len(refs) == 1 and first.shape == refs[0].shape \
             and first.dtype == refs[0].dtype:
         trivial["input"] = [first]
     return [name for name, outs in trivial.items()
-            if any(r.numel() for r in refs) and protocol.compare_with_errors(outs, refs, tolerance)[0] is None]
+            if any(r.numel() for r in refs) and protocol.compare_outputs(outs, refs, tolerance, first_miss=True) is None]
+
+
+def _filled(r: torch.Tensor, value: float) -> torch.Tensor:
+    """``torch.full_like(r, value)`` as a zero-stride view of one element."""
+    return torch.full((), value, dtype=r.dtype, device=r.device).expand(r.shape)
 
 
 def relative_floor(new: list[torch.Tensor], refs: list[torch.Tensor], tolerance: dict[str, Any],
@@ -42,8 +49,7 @@ def relative_floor(new: list[torch.Tensor], refs: list[torch.Tensor], tolerance:
     for i, (n, r) in enumerate(zip(new, refs)):
         if not r.is_floating_point() or not r.numel():
             continue
-        scale = float(r.double().norm())
-        err = float((n.double() - r.double()).norm())
+        err, scale = protocol.error_norms(n, r)
         tol = max(protocol.tolerance_for(r.dtype, tolerance)[1], 1e-3)
         if (err > 0.0 if scale == 0.0 else err / scale > tol):
             return (f"output {i}: relative error {err / max(scale, 1e-30):.3g} over {tol:g} (this task's check "

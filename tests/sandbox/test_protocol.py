@@ -122,7 +122,7 @@ def test_float_outputs_are_compared_in_float32_with_the_same_verdicts():
     the edge cases do not change: a sign-flipped infinity is wrong, NaN against NaN is not."""
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         r = torch.tensor([1.0, float("inf"), float("nan"), -2.0], dtype=dtype)
-        nf, rf = next(protocol._chunks_of(r, r))
+        nf, rf = protocol._slices(r, r)[1](0)
         assert nf.dtype == rf.dtype == torch.float32
         assert protocol.compare_with_errors([r.clone()], [r], TOL)[0] is None
         flipped = r.clone()
@@ -133,6 +133,71 @@ def test_float_outputs_are_compared_in_float32_with_the_same_verdicts():
         bad = protocol.compare_with_errors([nan_where_finite], [r], TOL)[0]
         assert bad is not None and "NaN/Inf" in bad.message
     d = torch.tensor([1.0, 2.0], dtype=torch.float64)
-    assert next(protocol._chunks_of(d, d))[0].dtype == torch.float64
+    assert protocol._slices(d, d)[1](0)[0].dtype == torch.float64
     tight = {**TOL, "float64": {"atol": 1e-12, "rtol": 1e-12}}
     assert protocol.compare_with_errors([d + 1e-9], [d], tight)[0] is not None  # float32 could not see this
+
+
+def _exact_whole(new, ref, tol):
+    """The exact path over each whole output in one slice: what every comparison must report."""
+    out = []
+    for n, r in zip(new, ref):
+        atol, rtol = protocol.tolerance_for(r.dtype, tol)
+        w = protocol._wide(r.dtype)
+        b, a, rel, nc = protocol._exact_stats(n.reshape(-1).to(w), r.reshape(-1).to(w), atol, rtol).tolist()
+        out.append((int(b), a, rel, int(nc)))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32])
+def test_the_fast_path_reports_exactly_what_the_exact_path_does(monkeypatch, dtype):
+    """Slices settle on a pass through a cheap path (a third of the passes over memory) and fall back
+    to the exact one otherwise: verdicts, error counts and worst errors must not change, wherever
+    NaN, Inf, borderline and wrong values fall against slice edges."""
+    monkeypatch.setitem(protocol.SLICE_ELEMENTS, "cpu", 64)
+    tol = {"float32": {"atol": 1e-2, "rtol": 1e-2}, "float16": {"atol": 1e-2, "rtol": 1e-2},
+           "bfloat16": {"atol": 1e-2, "rtol": 1e-2}, "float64": {"atol": 1e-5, "rtol": 1e-5}}
+    gen = torch.Generator().manual_seed(0)
+    for case in range(60):
+        if dtype.is_floating_point:
+            ref = (torch.randn(300, generator=gen) * 3).to(dtype)
+            new = (ref.double() + torch.randn(300, generator=gen, dtype=torch.float64) * 1e-3).to(dtype)
+        else:
+            ref = torch.randint(-5, 5, (300,), generator=gen, dtype=dtype)
+            new = ref.clone()
+        picks = torch.randint(0, 300, (4,), generator=gen).tolist()
+        kind = case % 6
+        if kind == 1:
+            new[picks[0]] += 1
+        elif kind == 2 and dtype.is_floating_point:
+            new[picks[0]] = float("nan")
+        elif kind == 3 and dtype.is_floating_point:
+            ref[picks[0]] = new[picks[0]] = float("nan")           # both NaN: no error
+            ref[picks[1]] = new[picks[1]] = float("inf")           # the same Inf: no error
+        elif kind == 4 and dtype.is_floating_point:
+            ref[picks[0]] = float("inf")                            # Inf where the candidate is finite
+        elif kind == 5 and dtype.is_floating_point:
+            atol, rtol = protocol.tolerance_for(dtype, tol)
+            w = protocol._wide(dtype)
+            r = ref[picks[0]].to(w)
+            new[picks[0]] = (r + (r.abs() * rtol + atol)).to(dtype)  # on the tolerance's edge
+        want = _exact_whole([new], [ref], tol)[0]
+        bad, abs_err, rel_err = protocol.compare_with_errors([new], [ref], tol)
+        assert (abs_err, rel_err) == (want[1], want[2]) or (math.isinf(want[1]) and math.isinf(abs_err)), (case, want)
+        assert (bad is None) == (want[0] == 0 and want[3] == 0), (case, want, bad)
+        if want[0]:
+            assert f"{want[0]} NaN/Inf" in bad.message
+        assert (protocol.compare_outputs([new], [ref], tol, first_miss=True) is None) == (bad is None), case
+
+
+def test_one_broadcast_value_is_compared_as_the_full_tensor_it_stands_for(monkeypatch):
+    monkeypatch.setitem(protocol.SLICE_ELEMENTS, "cpu", 64)
+    ref = torch.full((10, 30), 5e-5)
+    ref[3, 7] = 0.5
+    zero = torch.zeros((), dtype=ref.dtype).expand(ref.shape)
+    assert zero.stride() == (0, 0)
+    for first_miss in (False, True):
+        bad = protocol.compare_outputs([zero], [ref], TOL, first_miss=first_miss)
+        assert bad is not None and bad == protocol.compare_outputs([torch.zeros_like(ref)], [ref], TOL, first_miss)
+    ref[3, 7] = 5e-5
+    assert protocol.compare_outputs([zero], [ref], TOL) is None
