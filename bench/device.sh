@@ -15,13 +15,15 @@
 #   bash bench/device.sh levers    # issue 19: the trainer's GPU tests, the packed RL step at 0.5B/1.5B, compile on/off
 #   bash bench/device.sh levers-liger  # the same with Liger's kernels (carry .ligerpkgs too: bench/device_liger_pkgs.sh)
 #   bash bench/device.sh levers-scale  # 3B packed (with and without activation checkpointing), 1.5B ckpt, 1.5B padded at 32k
+#   bash bench/device.sh levers-head   # the compiled log-prob head (+chead) beside packed+compile, 0.5B and 1.5B,
+#                                      # with each row's profiler table (where the step's GPU time goes)
 # Needs .devpkgs installed into /tmp/site (bash .devpkgs/install.sh), built on the CPU machine with
 #   EXTRA="verl==0.9.1 codetiming tensordict==0.10.0 pyvers torchdata==0.11.0 pylatexenc dill orjson" \
 #     bash ../shared/tools/device-pkgs.sh
 # (orjson: verl.utils.tracking imports it; the 2026-12-02 run lacked it and the trainer could not start). Every bench has its own time
 # limit, so one that hangs costs only its share; results are re-packed into $OUT after each.
 set -u
-part=${1:?usage: bench/device.sh compile|build|gpu|mfu|stream|recheck|vllm|evals|sync|scale|sampler|levers|levers-liger|levers-scale}
+part=${1:?usage: bench/device.sh compile|build|gpu|mfu|stream|recheck|vllm|evals|sync|scale|sampler|levers|levers-liger|levers-scale|levers-head}
 out=${OUT:-/tmp/bench_out}
 res=/tmp/bench_res/$part
 mkdir -p "$res" "$out"
@@ -143,9 +145,13 @@ sampler)  # bench.sampler (hf) alone, with the engine's own generate time per pa
   step sampler_hf 200 $py -m bench.sampler --engine hf --preset qwen0.5b --dtype bfloat16 --tasks 4 \
        --trajectories 8 --max-tokens 128 --repeats 6 --out "$res/sampler_hf_h200.json"
   ;;
-levers|levers-liger|levers-scale)  # issue 19: bench/trainer_rl.py's LEVER_SETS at the 32k budget, one set per call
+levers|levers-liger|levers-scale|levers-head)  # issue 19: bench/trainer_rl.py's LEVER_SETS at 32k, one set per call
   # (rows are saved as they finish; --time-limit-s starts no row that the step's limit would cut)
   set_name=issue19${part#levers}
+  profile=()
+  if [ "$part" = levers-head ]; then
+    profile=(--rl-profile "$res/profile")
+  fi
   if [ "$part" = levers ]; then
     step gpu_trainer_tests 100 $py -m pytest -x -q -m gpu tests/pipeline/trainer/test_gpu_trainer.py
   fi
@@ -155,7 +161,7 @@ levers|levers-liger|levers-scale)  # issue 19: bench/trainer_rl.py's LEVER_SETS 
   step trainer_$set_name 340 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer \
        --preset qwen0.5b --rows 64 --min-len 256 --max-len 4096 --steps 2 --layouts "" --rl-step \
        --rl-budgets 32768 --rl-chunks 1024 --prompt-len 512 --rl-configs $set_name --time-limit-s 230 \
-       --out "$res/trainer_$set_name.json"
+       "${profile[@]}" --out "$res/trainer_$set_name.json"
   ;;
 *) echo "unknown part $part"; exit 2 ;;
 esac

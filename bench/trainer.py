@@ -12,10 +12,10 @@ figure); the run also measures a large bf16 matmul on the same GPU and reports M
     python -m bench.trainer --preset cpu-small --out runs/bench/trainer_cpu.json # a laptop
 
 The project's RL step (``--rl-step``) has levers, one row per ``--rl-configs`` entry
-``PRESET/LAYOUT[+compile][+liger][+ckpt]`` (LAYOUT padded | packed: ``trainer.remove_padding``;
-``+compile``: ``trainer.compile_layers``; ``+liger``: ``trainer.liger``; ``+ckpt``:
+``PRESET/LAYOUT[+compile][+chead][+liger][+ckpt]`` (LAYOUT padded | packed: ``trainer.remove_padding``;
+``+compile``: ``trainer.compile_layers``; ``+chead``: ``trainer.compile_head``; ``+liger``: ``trainer.liger``; ``+ckpt``:
 ``trainer.gradient_checkpointing``), or a named set of ``bench.trainer_rl.LEVER_SETS`` (``issue19``,
-``issue19-liger``, ``issue19-scale``: each fits one 8-minute device call). Liger patches
+``issue19-head``, ``issue19-liger``, ``issue19-scale``: each fits one 8-minute device call). Liger patches
 transformers' Qwen2 module for the whole process, so its rows run after all the others.
 
     python -m bench.trainer --preset qwen0.5b --rows 64 --layouts "" --rl-step --rl-budgets 32768 \
@@ -204,7 +204,7 @@ def main() -> None:
     p.add_argument("--rl-step", action="store_true", help="also time the project's trainer step")
     p.add_argument("--rl-budgets", default="", help="micro-batch token budgets of the rl steps (default --token-budget)")
     p.add_argument("--rl-chunks", default="1024", help="logprob_chunk_tokens of the rl steps (0: full logits)")
-    p.add_argument("--rl-configs", default="", help="rl-step rows: PRESET/LAYOUT[+compile][+liger][+ckpt], "
+    p.add_argument("--rl-configs", default="", help="rl-step rows: PRESET/LAYOUT[+compile][+chead][+liger][+ckpt], "
                    "comma-separated, or a named set (issue19); default: --preset, padded, --compile")
     p.add_argument("--time-limit-s", type=float, default=0.0, help="start no rl-step row after this many "
                    "seconds (the rows left are listed as skipped; 0: no limit)")

@@ -1,7 +1,7 @@
 """The project's own RL step (``pipeline.trainer.worker.TrainerWorker.train_step``) for
 ``bench.trainer --rl-step``, one row per lever set: the layout (``trainer.remove_padding``),
-``trainer.compile_layers``, ``trainer.liger`` and ``trainer.gradient_checkpointing``, at a preset's
-shape. Counted as in bench/trainer.py: real tokens only, 6 (8 with the old-log-prob forward) x
+``trainer.compile_layers``, ``trainer.compile_head`` (``+chead``), ``trainer.liger`` and
+``trainer.gradient_checkpointing``, at a preset's shape. Counted as in bench/trainer.py: real tokens only, 6 (8 with the old-log-prob forward) x
 (N_matmul x n + layers x hidden x n^2) per sequence.
 """
 from __future__ import annotations
@@ -38,8 +38,9 @@ def rl_step(args: Any, arch: dict[str, Any], lengths: list[int], device: torch.d
     model_cfg = group(ModelConfig, "model/tiny", **over)
     algo = group(AlgorithmConfig, "algorithm/grpo_plus", micro_batch_tokens=budget)
     max_resp = max(lengths)
-    lever = lever or dict(layout="padded", compile=args.compile, liger=False, ckpt=False)
+    lever = lever or dict(layout="padded", compile=args.compile, liger=False, ckpt=False, chead=False)
     trainer_cfg = group(TrainerConfig, "trainer/fsdp2", logprob_chunk_tokens=chunk, compile_layers=lever["compile"],
+                        compile_head=lever.get("chead", False),
                         remove_padding=str(lever["layout"] == "packed").lower(), liger=lever["liger"],
                         gradient_checkpointing=lever["ckpt"])
     worker = TrainerWorker(0, 1, model_cfg, trainer_cfg, algo,
@@ -97,12 +98,13 @@ def rl_step(args: Any, arch: dict[str, Any], lengths: list[int], device: torch.d
             "TFLOP/s": achieved, "mfu_vs_peak": achieved / args.peak_tflops if device.type == "cuda" else None,
             "micro_batches": sum(len(m) for m in plan.ranks[0].mini_batches), "computed_tokens": computed,
             "rows": n_rows, "peak_mem_gib": peak, "attn": info["attn_implementation"], "liger": info["liger"],
+            "compile_head": info["compile_head"],
             "varlen_kernel": varlen.kernel_available(device, torch.bfloat16) if info["remove_padding"] else None,
             "params": info["params"]}
 
 
 def rl_label(budget: int, chunk: int, lever: dict[str, Any]) -> str:
-    extras = [k for k in ("compile", "liger", "ckpt") if lever.get(k)]
+    extras = [k for k in ("compile", "chead", "liger", "ckpt") if lever.get(k)]
     return (f"rl_step {lever.get('preset', '')}/{lever['layout']}{''.join('+' + k for k in extras)} "
             f"(budget {budget}, logprob chunk {chunk or 'off'})")
 
@@ -112,6 +114,9 @@ def rl_label(budget: int, chunk: int, lever: dict[str, Any]) -> str:
 # compiled, are bench/results/h200/trainer_rl_32k*.json); within a set, the most telling row first
 LEVER_SETS = {
     "issue19": ["qwen1.5b/packed+compile", "qwen0.5b/packed+compile", "qwen1.5b/packed", "qwen0.5b/packed"],
+    # the compiled log-prob head beside the eighth session's best rows (the same call, side by side)
+    "issue19-head": ["qwen1.5b/packed+compile+chead", "qwen1.5b/packed+compile", "qwen0.5b/packed+compile+chead",
+                     "qwen0.5b/packed+compile"],
     "issue19-liger": ["qwen1.5b/packed+compile+liger", "qwen0.5b/packed+compile+liger", "qwen1.5b/packed+liger"],
     "issue19-scale": ["qwen3b/packed+compile+ckpt", "qwen3b/packed+compile", "qwen1.5b/packed+compile+ckpt",
                       "qwen1.5b/padded+compile"],
@@ -119,19 +124,19 @@ LEVER_SETS = {
 
 
 def parse_levers(spec: str, default_preset: str, compiled: bool) -> list[dict[str, Any]]:
-    """``--rl-configs`` -> one dict per row (preset, layout, compile, liger, ckpt); liger rows last."""
+    """``--rl-configs`` -> one dict per row (preset, layout, compile, chead, liger, ckpt); liger rows last."""
     if not spec:
-        return [dict(preset=default_preset, layout="padded", compile=compiled, liger=False, ckpt=False)]
+        return [dict(preset=default_preset, layout="padded", compile=compiled, liger=False, ckpt=False, chead=False)]
     items = [x for name in spec.split(",") for x in LEVER_SETS.get(name, [name]) if x]
     out = []
     for item in items:
         preset, _, rest = item.partition("/")
         layout, *flags = (rest or "padded").split("+")
         if preset not in PRESETS or layout not in ("padded", "packed") or \
-                set(flags) - {"compile", "liger", "ckpt"}:
-            raise SystemExit(f"--rl-configs entry {item!r}: expected PRESET/LAYOUT[+compile][+liger][+ckpt] "
+                set(flags) - {"compile", "chead", "liger", "ckpt"}:
+            raise SystemExit(f"--rl-configs entry {item!r}: expected PRESET/LAYOUT[+compile][+chead][+liger][+ckpt] "
                              f"with PRESET in {sorted(PRESETS)} and LAYOUT padded or packed, or one of "
                              f"{sorted(LEVER_SETS)}")
         out.append(dict(preset=preset, layout=layout, compile="compile" in flags, liger="liger" in flags,
-                        ckpt="ckpt" in flags))
+                        ckpt="ckpt" in flags, chead="chead" in flags))
     return sorted(out, key=lambda lv: lv["liger"])  # stable: the given order within each group

@@ -27,6 +27,7 @@ class TrainerConfig:
     liger: bool = MISSING           # Liger's Triton RMSNorm/SwiGLU/RoPE (CUDA, when liger-kernel is installed)
     logprob_chunk_tokens: int = MISSING  # >0: log-probs from hidden states in chunks (verl FusedLinearForPPO); 0: full logits
     compile_layers: bool = MISSING       # torch.compile each decoder layer before sharding it
+    compile_head: bool = MISSING         # the chunked log-prob head's chunk math under torch.compile
     reshard_after_forward: bool = MISSING
     backend: str = MISSING          # auto | gloo | nccl (auto: nccl on GPU, gloo on CPU)
     weight_bucket_mb: float = MISSING  # weight export bucket size (object store, IPC, broadcast)

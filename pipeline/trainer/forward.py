@@ -73,7 +73,7 @@ def apply_liger(model: torch.nn.Module) -> bool:
     return True
 
 
-def install_log_prob_head(model: torch.nn.Module, chunk_tokens: int) -> None:
+def install_log_prob_head(model: torch.nn.Module, chunk_tokens: int, compiled: bool = False) -> None:
     """``model(input_ids, position_ids, targets, temperature, attention_mask=None,
     logit_index=None, **attention kwargs)`` -> (log-probs, entropy) of ``targets``.
 
@@ -83,10 +83,16 @@ def install_log_prob_head(model: torch.nn.Module, chunk_tokens: int) -> None:
     rows at a time, recomputing each chunk's logits in the backward: the [tokens, vocab] fp32 logits
     (20 GB for 32k tokens at Qwen's vocabulary) never exist. It runs inside the root module's own
     forward because that is where FSDP2 has gathered the root's parameters (lm_head, a tied embedding).
+    ``compiled``: the same head with its chunk math under torch.compile (pipeline/trainer/head.py).
     """
-    from verl.utils.experimental.torch_functional import FusedLinearForPPO
+    if compiled:
+        from pipeline.trainer.head import CompiledLogProbHead
 
-    head = FusedLinearForPPO(chunk_size=chunk_tokens)
+        head: torch.nn.Module = CompiledLogProbHead(chunk_tokens)
+    else:
+        from verl.utils.experimental.torch_functional import FusedLinearForPPO
+
+        head = FusedLinearForPPO(chunk_size=chunk_tokens)
 
     def forward(self, input_ids, position_ids, targets, temperature, attention_mask=None,
                 logit_index=None, **attn_kwargs):

@@ -88,6 +88,7 @@ class TrainerWorker:
         return {"backend": backend, "device": str(self.device),
                 "params": sum(p.numel() for p in self.model.parameters()),
                 "remove_padding": self.packed, "liger": self.liger,
+                "compile_head": bool(self.cfg.compile_head and self.cfg.logprob_chunk_tokens > 0),
                 "attn_implementation": self.model.config._attn_implementation,
                 # for perf/mfu/actor: the peak FLOP/s of this GPU model (pipeline/metric_names.py)
                 "device_name": torch.cuda.get_device_name(self.device) if self.on_gpu else None}
@@ -137,7 +138,7 @@ class TrainerWorker:
         model.to(self.device)
         model.train()
         if self.cfg.logprob_chunk_tokens > 0:
-            install_log_prob_head(model, self.cfg.logprob_chunk_tokens)
+            install_log_prob_head(model, self.cfg.logprob_chunk_tokens, compiled=self.cfg.compile_head)
         self.model = model
 
     def _build_optimizer(self) -> None:

@@ -127,10 +127,11 @@ def test_trainer_levers_expand_named_sets_and_run_liger_rows_last():
 
     rows = parse_levers("qwen0.5b/packed+liger,issue19", "qwen0.5b", False)
     assert len(rows) == 1 + len(LEVER_SETS["issue19"])
-    assert rows[-1] == dict(preset="qwen0.5b", layout="packed", compile=False, liger=True, ckpt=False)
-    assert rows[0] == dict(preset="qwen1.5b", layout="packed", compile=True, liger=False, ckpt=False)
+    assert rows[-1] == dict(preset="qwen0.5b", layout="packed", compile=False, liger=True, ckpt=False, chead=False)
+    assert rows[0] == dict(preset="qwen1.5b", layout="packed", compile=True, liger=False, ckpt=False, chead=False)
     assert parse_levers("", "qwen1.5b", True) == [dict(preset="qwen1.5b", layout="padded", compile=True,
-                                                       liger=False, ckpt=False)]
+                                                       liger=False, ckpt=False, chead=False)]
+    assert parse_levers("issue19-head", "qwen0.5b", False)[0]["chead"] is True
     with pytest.raises(SystemExit, match="qwen0.5b/unpadded"):
         parse_levers("qwen0.5b/unpadded", "qwen0.5b", False)
 

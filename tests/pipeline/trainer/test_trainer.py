@@ -132,8 +132,9 @@ def test_two_ranks_equal_one_rank_and_corrections_agree(ray_local, configs, tmp_
 def test_chunked_packed_log_probs_train_like_padded_full_logits(configs):
     """verl's FusedLinearForPPO head (2-token chunks here, so every row spans several) on packed
     micro-batches (trainer.remove_padding, varlen attention) gives the same step as log-probs from
-    the full [tokens, vocab] logits of padded rows: loss, grad norm and weights. (Each lever alone:
-    tests/pipeline/trainer/test_packed_trainer.py.)"""
+    the full [tokens, vocab] logits of padded rows: loss, grad norm and weights; so does the same
+    head with its chunk math compiled (trainer.compile_head). (Each lever alone:
+    tests/pipeline/trainer/test_packed_trainer.py, tests/pipeline/trainer/test_head.py.)"""
     from pipeline.trainer import TrainerWorker
     from pipeline.trainer.worker import free_port
 
@@ -143,25 +144,26 @@ def test_chunked_packed_log_probs_train_like_padded_full_logits(configs):
     batch = build_train_batch(samples, algo_cfg, MAX_RESPONSE, tok.pad_token_id)
     plan, shard = one_rank_step(batch, algo_cfg)
     results = {}
-    for chunk, packed in ((0, "false"), (2, "true")):
-        cfg = dataclasses.replace(trainer_cfg, logprob_chunk_tokens=chunk, remove_padding=packed)
+    for chunk, packed, head in ((0, "false", False), (2, "true", False), (2, "true", True)):
+        cfg = dataclasses.replace(trainer_cfg, logprob_chunk_tokens=chunk, remove_padding=packed, compile_head=head)
         worker = TrainerWorker(0, 1, model_cfg, cfg, algo_cfg, MAX_RESPONSE, temperature=0.7, total_optim_steps=4)
         info = worker.init("127.0.0.1", free_port())
-        assert info["remove_padding"] == (packed == "true")
+        assert info["remove_padding"] == (packed == "true") and info["compile_head"] == head
         assert info["attn_implementation"] == ("varlen" if packed == "true" else "sdpa")
         try:
             metrics = worker.train_step(shard, plan.ranks[0], plan.global_seqs, plan.global_tokens, MAX_RESPONSE)
-            results[chunk] = metrics, {k: v.clone() for k, v in worker.full_state_dict().items()}
+            results[chunk, head] = metrics, {k: v.clone() for k, v in worker.full_state_dict().items()}
         finally:
             worker.shutdown()
-    (m_full, w_full), (m_chunk, w_chunk) = results[0], results[2]
+    m_full, w_full = results[0, False]
     assert m_full["actor/grad_norm"] > 0
-    assert m_chunk["actor/tokens"] == m_full["actor/tokens"]
-    for key in ("actor/loss", "actor/grad_norm", "actor/entropy", "actor/ppo_kl"):
-        if key in m_full:
-            assert m_chunk[key] == pytest.approx(m_full[key], rel=1e-4, abs=1e-6), key
-    for k in w_full:
-        torch.testing.assert_close(w_chunk[k], w_full[k], rtol=1e-4, atol=2e-5)
+    for m_chunk, w_chunk in (results[2, False], results[2, True]):
+        assert m_chunk["actor/tokens"] == m_full["actor/tokens"]
+        for key in ("actor/loss", "actor/grad_norm", "actor/entropy", "actor/ppo_kl"):
+            if key in m_full:
+                assert m_chunk[key] == pytest.approx(m_full[key], rel=1e-4, abs=1e-6), key
+        for k in w_full:
+            torch.testing.assert_close(w_chunk[k], w_full[k], rtol=1e-4, atol=2e-5)
 
 
 def test_compiled_layers_train_like_eager_layers(configs):
