@@ -154,6 +154,27 @@ class StepProbe:
         return calls
 
 
+class GCPauses:
+    """Seconds the garbage collector ran (any thread: it stops them all) since the last ``take``."""
+
+    def __init__(self) -> None:
+        self.total, self._start = 0.0, 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start:
+            self.total += time.perf_counter() - self._start
+
+    def take(self) -> float:
+        total, self.total = self.total, 0.0
+        return total
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._on)
+
+
 def probe_summary(calls: list[tuple[float, int]], runs: int, requests: int, first: list[tuple[float, int]]) -> dict[str, float]:
     """``calls``: every step of a path's timed runs; ``first``: those of its first timed run."""
     if not calls:
@@ -176,6 +197,12 @@ async def in_process(args: Any, model_cfg: Any, rollout: Any) -> list[dict[str, 
 
     model, tokenizer = load_model_and_tokenizer(model_cfg)
     engine = make_engine(rollout.engine, model, tokenizer)
+    # as a sampler worker does (pipeline/sampler_worker.py): what exists now (torch, the engine,
+    # ~400k objects) is frozen, so a full collection during a run walks only what runs allocate;
+    # the collector's pauses are still counted per path (gc_ms_per_run)
+    gc.collect()
+    gc.freeze()
+    pauses = GCPauses()
     counted_as = counter_name(args)
     env, tasks = toy_tasks(args.tasks)
     probe = StepProbe(engine) if args.engine == "vllm" else None
@@ -201,6 +228,7 @@ async def in_process(args: Any, model_cfg: Any, rollout: Any) -> list[dict[str, 
     busy: dict[str, list[float]] = {name: [0.0, 0.0] for name, _, _ in paths}  # engine steps, seconds
     calls: dict[str, list[tuple[float, int]]] = {name: [] for name, _, _ in paths}
     first: dict[str, list[tuple[float, int]]] = {}
+    gc_s: dict[str, float] = {name: 0.0 for name, _, _ in paths}
     try:
         for name, run_once, _ in paths:  # warm-up: first batch of that size, first calls of the path
             await run_once(0)
@@ -209,7 +237,9 @@ async def in_process(args: Any, model_cfg: Any, rollout: Any) -> list[dict[str, 
         for r in range(args.repeats):
             for name, run_once, counted in paths:
                 before = engine_counters(engine)
+                pauses.take()
                 runs[name].append(await run_once(r + 1))
+                gc_s[name] += pauses.take()
                 after = engine_counters(engine)
                 if counted:
                     busy[name] = [b + a - s for b, a, s in zip(busy[name], after, before)]
@@ -226,11 +256,14 @@ async def in_process(args: Any, model_cfg: Any, rollout: Any) -> list[dict[str, 
                     1.0 - (n / w) / (n0 / w0) for (n, w), (n0, w0) in zip(runs[name], runs[ref]))
             if probe:
                 row.update(probe_summary(calls[name], args.repeats, n_req, first.get(name, [])))
+            row["gc_ms_per_run"] = 1e3 * gc_s[name] / max(1, args.repeats)
             rows.append(row)
             progress("sampler", row)
     finally:
+        pauses.close()
         await engine.aclose()
         del engine, model
+        gc.unfreeze()
         gc.collect()
         try:
             import torch

@@ -198,3 +198,22 @@ def test_pipeline_bench_keeps_what_a_cut_run_logged(tmp_path, monkeypatch):
     assert [r["k"] for r in got["rows"]] == [0]  # k = 1 was not started after the cut
     assert "RuntimeError" in got["cut"]["0"] and [h["step"] for h in got["history"]["0"]] == [0, 1, 2]
     assert got["rows"][0]["step_s"] == pytest.approx(_history(0)[1]["timing/step"])
+
+
+def test_gc_pauses_are_counted_and_taken_once():
+    import gc
+
+    from bench.sampler import GCPauses
+
+    pauses = GCPauses()
+    try:
+        pauses.take()
+        junk = [[i] for i in range(50_000)]
+        gc.collect()
+        first = pauses.take()
+        assert first > 0.0 and pauses.take() == 0.0
+        del junk
+    finally:
+        pauses.close()
+    gc.collect()
+    assert pauses.take() == 0.0  # closed: no longer called
