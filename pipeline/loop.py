@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import checkpoint
+from pipeline.algorithms import skip_reason
 from pipeline.metrics import env_metrics, eval_latency_metrics, score_metrics
 from pipeline.parts import GeneratedBatch, LoopParts, WeightsGone
 from pipeline.recovery import TrainerRestarts
@@ -49,24 +50,6 @@ def batch_tasks(tasks: list[Any], batch: int, k: int, seed: int, shuffle: bool) 
             random.Random(seed * 100003 + epoch).shuffle(order)
         out.append(tasks[order[pos]])
     return out
-
-
-def skip_reason(m: dict[str, float], samples: list[Sample]) -> str:
-    """Why a batch left no training rows, from ``build_train_batch``'s metrics."""
-    n = int(m.get("batch/samples", 0))
-    failed = int(m.get("batch/gen_errors", 0))
-    if n == 0:
-        return "the batch has no samples (all dropped over the staleness bound?)"
-    if failed >= n:
-        return f"all {n} samples failed to generate (finish_reason error or no tokens)"
-    if int(m.get("batch/overlong_filtered", 0)) >= n - failed:
-        return (f"all {n - failed} responses were overlong (cut at the response length limit and "
-                "masked out by algorithm.overlong_filter)")
-    groups = int(m.get("batch/groups", 0))
-    mean = sum(float(x.score) for x in samples) / len(samples) if samples else 0.0
-    return (f"all {groups} groups had zero advantage (every sample of a task scored the same; "
-            f"mean score {mean:.3f}): raise rollout.n_trajectories or the "
-            "temperature, or start from a model that already solves some tasks (model.warm_start)")
 
 
 class Loop(TrainerRestarts):

@@ -186,3 +186,21 @@ def build_train_batch(samples: list[Sample], cfg: Any, max_response_length: int,
                       truncated=truncated[idx], returns=returns[idx], scores=scores[idx],
                       group_ids=[groups[i] for i in rows], uids=[s.uid for s in kept], prompt_len=P,
                       metrics=metrics)
+
+
+def skip_reason(m: dict[str, float], samples: list[Sample]) -> str:
+    """Why a batch left no training rows, from ``build_train_batch``'s metrics."""
+    n = int(m.get("batch/samples", 0))
+    failed = int(m.get("batch/gen_errors", 0))
+    if n == 0:
+        return "the batch has no samples (all dropped over the staleness bound?)"
+    if failed >= n:
+        return f"all {n} samples failed to generate (finish_reason error or no tokens)"
+    if int(m.get("batch/overlong_filtered", 0)) >= n - failed:
+        return (f"all {n - failed} responses were overlong (cut at the response length limit and "
+                "masked out by algorithm.overlong_filter)")
+    groups = int(m.get("batch/groups", 0))
+    mean = sum(float(x.score) for x in samples) / len(samples) if samples else 0.0
+    return (f"all {groups} groups had zero advantage (every sample of a task scored the same; "
+            f"mean score {mean:.3f}): raise rollout.n_trajectories or the "
+            "temperature, or start from a model that already solves some tasks (model.warm_start)")

@@ -1,7 +1,7 @@
 """A step that trains on nothing says why (from build_train_batch's own metrics), and the run's
 last line summarises reward, correct rate and speedup from the first step to the last."""
 from pipeline.algorithms import AlgorithmConfig, build_train_batch
-from pipeline.loop import skip_reason
+from pipeline.algorithms import skip_reason
 from pipeline.main import summary_line
 from pipeline.sample import Sample
 from tests.pipeline.conftest import group
