@@ -23,8 +23,8 @@ class VLLMEngineConfig:
     dtype: str = MISSING                     # auto | bfloat16 | float16 | float32
     enable_prefix_caching: bool = MISSING    # many samples share a prompt
     enforce_eager: bool = MISSING            # true: no CUDA graphs (faster start, slower decode)
-    # largest decode batch run as a CUDA graph; null: max_num_seqs (rounded up to vLLM's capture
-    # stride). vLLM's own default is min(2 x max_num_seqs, 512): a larger batch steps without graphs
+    # largest batch (tokens) run as a CUDA graph; null: vLLM's min(2 x max_num_seqs, 512), raised to
+    # max_num_seqs (on vLLM's capture stride) where larger: past it a decode step runs without graphs
     max_cudagraph_capture_size: Optional[int] = None
     enable_sleep_mode: bool = MISSING        # sleep() frees KV cache (and weights at level 2)
     sleep_level: int = MISSING               # 1: offload weights to CPU, drop KV; 2: drop both

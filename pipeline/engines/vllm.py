@@ -15,7 +15,7 @@ batch at the next step, it does not wait for the batch to end.
   then ``reset_prefix_cache()`` so no KV of the old weights is reused. It runs on the engine
   thread between two steps. A request reports the version it started under. ``check_weights``
   compares the model's tensors with the sender's checksums (``apply_model``), after a push.
-* CUDA graphs up to ``max_num_seqs`` (``graph_capture_size``): vLLM's default stops at 512
+* CUDA graphs up to ``max_num_seqs`` at least (``graph_capture_size``): vLLM's default stops at 512
   sequences, and past it every decode step runs without graphs, bound by kernel launches.
 * ``sleep()``/``wake()``: vLLM sleep mode (level from config: 1 offloads weights and drops the KV
   cache). The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so weight
@@ -41,18 +41,20 @@ log = logging.getLogger(__name__)
 
 
 def graph_capture_size(cfg: Any) -> int | None:
-    """The largest batch vLLM should capture as a CUDA graph: ``max_cudagraph_capture_size`` when
-    set, else ``max_num_seqs`` rounded up to vLLM's capture stride (8 below 256, 16 from there), so
-    a full decode batch runs as a graph. None under ``enforce_eager``. vLLM's own default,
-    min(2 x max_num_seqs, 512), leaves every decode step of a larger batch without graphs (launch
-    bound: a 0.5B model's steps at 672 sequences took 60-70 ms on an H200)."""
+    """The largest batch (in tokens) vLLM should capture as a CUDA graph:
+    ``max_cudagraph_capture_size`` when set; else vLLM's own default, min(2 x max_num_seqs, 512)
+    (mixed prefill and decode steps up to that many tokens run as graphs too), raised to
+    ``max_num_seqs`` on vLLM's capture stride (8 below 256, 16 from there) where that is larger, so
+    a full decode batch runs as a graph. None under ``enforce_eager``. vLLM's default alone leaves
+    every decode step past 512 sequences without graphs (launch bound: a 0.5B model's steps at 672
+    sequences took 60-70 ms on an H200)."""
     if cfg.enforce_eager:
         return None
     if getattr(cfg, "max_cudagraph_capture_size", None) is not None:
         return int(cfg.max_cudagraph_capture_size)
     n = int(cfg.max_num_seqs)
     stride = 16 if n >= 256 else 8
-    return -(-n // stride) * stride
+    return max(min(2 * n, 512), -(-n // stride) * stride)
 
 
 def llm_kwargs(model_path: str, cfg: Any) -> dict[str, Any]:

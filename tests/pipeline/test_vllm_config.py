@@ -24,10 +24,11 @@ def test_a_tensor_parallel_size_apart_from_the_preset_is_named():
     assert "rollout.engine.vllm.tensor_parallel_size=1" in msg and "resources.sampler.gpus_per_worker=2" in msg
 
 
-@pytest.mark.parametrize("seqs, graphs", [(256, 256), (510, 512), (672, 672), (100, 104), (1, 8)])
+@pytest.mark.parametrize("seqs, graphs", [(256, 512), (510, 512), (672, 672), (1000, 1008), (100, 200), (1, 8)])
 def test_cuda_graphs_cover_the_whole_decode_batch(seqs, graphs):
-    """vLLM's own default stops capturing at min(2 x max_num_seqs, 512) sequences: a batch past it
-    decodes without graphs. The adapter asks for graphs up to max_num_seqs, on vLLM's stride."""
+    """vLLM's own default stops capturing at min(2 x max_num_seqs, 512) tokens: a decode batch past
+    it runs without graphs. The adapter keeps that default and raises it to max_num_seqs (on vLLM's
+    stride) where that is larger."""
     from pipeline.engines.vllm import llm_kwargs
 
     cfg = config("+experiment=kernel_multiturn", "rollout=vllm", f"rollout.engine.vllm.max_num_seqs={seqs}")
