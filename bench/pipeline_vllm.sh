@@ -10,7 +10,8 @@
 #
 # Needs the vLLM 0.24 bundle installed at /tmp/vsite (../shared/tools/DEVICE-VLLM.md) and
 # .devpkgs at /tmp/site. Writes under $OUT: pipeline_vllm_kernel.json (rewritten after each k),
-# pipeline_vllm_kernel.log, runs/timeline_k<k>.png (+ .jsonl) and each run dir's metrics.jsonl.
+# pipeline_vllm_kernel.log, runs/timeline_k<k>.png (+ .jsonl), each run dir's metrics.jsonl and
+# gpu_clocks_k<k>.csv (SM clock, power, use every 0.5 s; the timeline's wall times align with it).
 #
 # The model is a random-initialised Qwen2 of Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14/2
 # heads, vocabulary 151,936, tied embeddings; the tiny tokenizer). A random model's answers never
@@ -50,6 +51,12 @@ KS=${KS:-0} STEPS=${STEPS:-4} SHARE=${SHARE:-0.009} BUDGET=${BUDGET:-0} LIMIT=${
 TURNS=${TURNS:-1} NTRAJ=${NTRAJ:-224} RESP=${RESP:-512} ANSWER_TASKS=${ANSWER_TASKS:-3}
 SEQS=$((NTRAJ * 3))
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv >"$out/gpu.txt" 2>&1
+# the GPU's clocks, power and use twice a second for the whole run (gpu_clocks_k<k>.csv): whether
+# a phase ran at lower clocks (an H200 with little to do clocks down; the judge already warms it
+# before timing) is one question the ninth session's sync-vs-one_off generation left open
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,utilization.gpu,power.draw,temperature.gpu \
+  --format=csv,nounits -lms 500 >"$out/gpu_clocks_k$KS.csv" 2>/dev/null &
+clocks=$!
 timeout -k 15 "$LIMIT" python3 -m bench.pipeline --ks "$KS" --steps "$STEPS" --budget-s "$BUDGET" \
   --stored-answers --answer-share "$SHARE" --answer-tasks "$ANSWER_TASKS" --run-root "$out/runs" --out "$out/pipeline_vllm_kernel.json" -- \
   +experiment=kernel_multiturn resources=one_gpu rollout=vllm reward.backend=cuda reward.profile=cpu \
@@ -64,6 +71,7 @@ timeout -k 15 "$LIMIT" python3 -m bench.pipeline --ks "$KS" --steps "$STEPS" --b
   algorithm.micro_batch_tokens=16384 sandbox.cache_dir=/tmp/bench_pipeline_build_cache \
   sandbox.compile_workers=4 "$@" >"$out/pipeline_vllm_kernel.log" 2>&1
 rc=$?
+kill "$clocks" 2>/dev/null
 echo "bench.pipeline rc=$rc"
 grep -E "Error|error:|Traceback" "$out/pipeline_vllm_kernel.log" | cut -c1-300 | tail -n 12
 grep -E "^\[bench.pipeline\]|^sync phases|^\[step " "$out/pipeline_vllm_kernel.log" | cut -c1-600 | tail -n 30
