@@ -1,8 +1,9 @@
 """The project's own RL step (``pipeline.trainer.worker.TrainerWorker.train_step``) for
 ``bench.trainer --rl-step``, one row per lever set: the layout (``trainer.remove_padding``),
 ``trainer.compile_layers``, ``trainer.compile_head`` (``+chead``), ``trainer.liger`` and
-``trainer.gradient_checkpointing``, at a preset's shape. Counted as in bench/trainer.py: real tokens only, 6 (8 with the old-log-prob forward) x
-(N_matmul x n + layers x hidden x n^2) per sequence.
+``trainer.gradient_checkpointing``, at a preset's shape. Counted as in bench/trainer.py: real
+tokens only, 6 (8 with the old-log-prob forward) x (N_matmul x n + layers x hidden x n^2) per
+sequence.
 """
 from __future__ import annotations
 
@@ -38,9 +39,9 @@ def rl_step(args: Any, arch: dict[str, Any], lengths: list[int], device: torch.d
     model_cfg = group(ModelConfig, "model/tiny", **over)
     algo = group(AlgorithmConfig, "algorithm/grpo_plus", micro_batch_tokens=budget)
     max_resp = max(lengths)
-    lever = lever or dict(layout="padded", compile=args.compile, liger=False, ckpt=False, chead=False)
+    lever = lever or parse_levers("", "", args.compile)[0]
     trainer_cfg = group(TrainerConfig, "trainer/fsdp2", logprob_chunk_tokens=chunk, compile_layers=lever["compile"],
-                        compile_head=lever.get("chead", False),
+                        compile_head=lever["chead"],
                         remove_padding=str(lever["layout"] == "packed").lower(), liger=lever["liger"],
                         gradient_checkpointing=lever["ckpt"])
     worker = TrainerWorker(0, 1, model_cfg, trainer_cfg, algo,
@@ -104,10 +105,14 @@ def rl_step(args: Any, arch: dict[str, Any], lengths: list[int], device: torch.d
 
 
 def rl_label(budget: int, chunk: int, lever: dict[str, Any]) -> str:
-    extras = [k for k in ("compile", "chead", "liger", "ckpt") if lever.get(k)]
+    extras = [k for k in FLAGS if lever.get(k)]
     return (f"rl_step {lever.get('preset', '')}/{lever['layout']}{''.join('+' + k for k in extras)} "
             f"(budget {budget}, logprob chunk {chunk or 'off'})")
 
+
+# a row's levers after PRESET/LAYOUT, in label order: trainer.compile_layers, trainer.compile_head,
+# trainer.liger, trainer.gradient_checkpointing
+FLAGS = ("compile", "chead", "liger", "ckpt")
 
 # the issue-19 matrix at a 32k-token budget, split so that each set fits one 8-minute device call
 # (a compiled row costs ~1.5-2.5 min with its compile; the padded baselines at 0.5B, eager and
@@ -126,17 +131,18 @@ LEVER_SETS = {
 def parse_levers(spec: str, default_preset: str, compiled: bool) -> list[dict[str, Any]]:
     """``--rl-configs`` -> one dict per row (preset, layout, compile, chead, liger, ckpt); liger rows last."""
     if not spec:
-        return [dict(preset=default_preset, layout="padded", compile=compiled, liger=False, ckpt=False, chead=False)]
+        row = dict(preset=default_preset, layout="padded", **dict.fromkeys(FLAGS, False))
+        row["compile"] = compiled
+        return [row]
     items = [x for name in spec.split(",") for x in LEVER_SETS.get(name, [name]) if x]
     out = []
     for item in items:
         preset, _, rest = item.partition("/")
         layout, *flags = (rest or "padded").split("+")
         if preset not in PRESETS or layout not in ("padded", "packed") or \
-                set(flags) - {"compile", "chead", "liger", "ckpt"}:
-            raise SystemExit(f"--rl-configs entry {item!r}: expected PRESET/LAYOUT[+compile][+chead][+liger][+ckpt] "
+                set(flags) - set(FLAGS):
+            raise SystemExit(f"--rl-configs entry {item!r}: expected PRESET/LAYOUT{''.join(f'[+{f}]' for f in FLAGS)} "
                              f"with PRESET in {sorted(PRESETS)} and LAYOUT padded or packed, or one of "
                              f"{sorted(LEVER_SETS)}")
-        out.append(dict(preset=preset, layout=layout, compile="compile" in flags, liger="liger" in flags,
-                        ckpt="ckpt" in flags, chead="chead" in flags))
+        out.append(dict(preset=preset, layout=layout, **{f: f in flags for f in FLAGS}))
     return sorted(out, key=lambda lv: lv["liger"])  # stable: the given order within each group
