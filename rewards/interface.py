@@ -111,15 +111,14 @@ def kernel_env(reward: Any, sandbox: Any, eval_gpus: list[list[int]] | None = No
 def split_tasks(env: str, reward: Any, toy: Any, split: str) -> list[TaskRef]:
     """One split's tasks, read here without a sandbox pool (the task files only), so a command can
     stop on an empty or unknown split before it starts Ray and the model."""
-    if env == "toy":
-        from rewards.toy import ToyEnv
+    if env == "kernel":
+        from rewards.env import KernelEnv
 
-        return ToyEnv(target=toy.target, n_tasks=toy.n_tasks, n_holdout=toy.n_holdout).tasks(split)
-    if env != "kernel":
-        raise ValueError(f"env={env!r}: expected one of {ENVS}")
-    from rewards.env import KernelEnv
+        return KernelEnv(reward, eval_pool=None).tasks(split)
+    from rewards.toy import ToyEnv
 
-    return KernelEnv(reward, eval_pool=None).tasks(split)
+    spec = env_spec(env, reward, None, toy)  # the toy env's arguments, or the error naming env
+    return ToyEnv(**{k: v for k, v in spec.items() if k != "_target_"}).tasks(split)
 
 
 def check_env_config(env: str, reward: Any) -> None:
