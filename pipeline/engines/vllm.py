@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import queue
 import shutil
 import threading
-import logging
 import time
 from typing import Any, Callable, Iterable
 

@@ -16,6 +16,7 @@ tests/pipeline/trainer/test_head.py.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -49,16 +50,11 @@ def _chunk_backward(dlogp: torch.Tensor | None, dentropy: torch.Tensor | None, h
     return grad @ weight, grad.t() @ hidden
 
 
-_compiled: dict[str, Any] = {}
-
-
+@functools.cache
 def _bodies() -> tuple[Any, Any]:
     """The two chunk bodies, compiled once per process (a new chunk length, the last chunk's,
     makes torch.compile retrace once with a dynamic length)."""
-    if not _compiled:
-        _compiled["fwd"] = torch.compile(_chunk_forward)
-        _compiled["bwd"] = torch.compile(_chunk_backward)
-    return _compiled["fwd"], _compiled["bwd"]
+    return torch.compile(_chunk_forward), torch.compile(_chunk_backward)
 
 
 class _CompiledHead(torch.autograd.Function):
