@@ -87,9 +87,9 @@ class Session:
 
         from pipeline.algorithms import build_train_batch, rollout_metrics
         from pipeline.loop import Loop
-        from pipeline.parts import LoopParts
         from pipeline.metrics import MetricsLogger
         from pipeline.models.load import load_tokenizer
+        from pipeline.parts import LoopParts
         from pipeline.resources import create_resource_pools, init_ray
         from pipeline.rollout_config import max_response_length, response_length_at
         from pipeline.sampler import SamplerGroup
