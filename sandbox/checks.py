@@ -26,15 +26,22 @@ def degenerate(refs: list[torch.Tensor], inputs: list[Any], tolerance: dict[str,
     does, the check is too loose for the task, and :func:`relative_floor` applies as well."""
     # one value broadcast, never materialised (a 6 GiB output would need two 6 GiB copies); the
     # comparison stops at the first slice that misses: only pass or fail matters here
-    trivial = {"zeros": [_filled(r, 0) for r in refs],
-               "constant": [_filled(r, float(r.mean(dtype=torch.float64))) if r.is_floating_point() and r.numel()
-                            else r for r in refs]}
+    trivial = {"zeros": [_filled(r, 0) for r in refs], "constant": [_filled(r, _typical(r)) for r in refs]}
     first = inputs[0] if inputs else None
     if isinstance(first, torch.Tensor) and len(refs) == 1 and first.shape == refs[0].shape \
             and first.dtype == refs[0].dtype:
         trivial["input"] = [first]
     return [name for name, outs in trivial.items()
             if any(r.numel() for r in refs) and protocol.compare_outputs(outs, refs, tolerance, first_miss=True) is None]
+
+
+def _typical(r: torch.Tensor) -> float:
+    """One value an answer could return everywhere: the mean, rounded for integer and bool outputs
+    (an integer output's "constant" was once the reference itself, so every such task was flagged)."""
+    if not r.numel():
+        return 0.0
+    mean = float(r.sum(dtype=torch.float64)) / r.numel()
+    return mean if r.is_floating_point() or r.is_complex() else float(round(mean))
 
 
 def _filled(r: torch.Tensor, value: float) -> torch.Tensor:

@@ -201,3 +201,20 @@ def test_one_broadcast_value_is_compared_as_the_full_tensor_it_stands_for(monkey
         assert bad is not None and bad == protocol.compare_outputs([torch.zeros_like(ref)], [ref], TOL, first_miss)
     ref[3, 7] = 5e-5
     assert protocol.compare_outputs([zero], [ref], TOL) is None
+
+
+def test_the_degenerate_check_flags_what_a_trivial_answer_passes_and_nothing_else():
+    from sandbox import checks
+
+    tol = {"float32": {"atol": 1e-4, "rtol": 1e-4}}
+    varied = torch.randn(64, 33)
+    assert checks.degenerate([varied], [torch.randn(5)], tol) == []
+    # outputs ~1e-6: zeros and their mean both pass atol 1e-4
+    assert checks.degenerate([varied * 1e-6], [torch.randn(5)], tol) == ["zeros", "constant"]
+    # an integer output (argmax-like) is flagged only where one value would pass, not always
+    labels = torch.randint(0, 10, (128,))
+    assert checks.degenerate([labels], [torch.randn(5)], tol) == []
+    assert checks.degenerate([torch.full((128,), 3)], [torch.randn(5)], tol) == ["constant"]
+    assert checks.degenerate([torch.ones(16, dtype=torch.bool)], [torch.randn(5)], tol) == ["constant"]
+    x = torch.randn(8, 8)
+    assert checks.degenerate([x.clone()], [x], tol) == ["input"]
