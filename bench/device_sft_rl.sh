@@ -23,6 +23,10 @@ mkdir -p "$out"
 SFT_LR=${SFT_LR:-3e-4} RL_LR=${RL_LR:-2e-5} STEPS=${STEPS:-8} LIMIT=${LIMIT:-520} ROLLOUT=${ROLLOUT:-vllm}
 run=/tmp/sft_rl_run
 rm -rf "$run"
+# the curve so far reaches $OUT every 15 s: a call cut by its own limit (or a machine taken back
+# after the limit) still returns the steps it finished
+( while sleep 15; do cp -f "$run/metrics.jsonl" "$out/" 2>/dev/null; done ) &
+copier=$!
 timeout -k 15 "$LIMIT" python3 -m pipeline.main +experiment=kernel_multiturn profile=laptop \
   resources=one_gpu rollout=$ROLLOUT reward.backend=cuda reward.profile=full model.dtype=bfloat16 \
   model.tiny.hidden_size=896 model.tiny.intermediate_size=4864 model.tiny.num_hidden_layers=24 \
@@ -32,6 +36,7 @@ timeout -k 15 "$LIMIT" python3 -m pipeline.main +experiment=kernel_multiturn pro
   trainer.optim.lr=$RL_LR pipeline.steps=$STEPS logger=console name=sft_rl hydra.run.dir=$run \
   "$@" >"$out/sft_rl.log" 2>&1
 rc=$?
+kill "$copier" 2>/dev/null
 echo "sft_rl rc=$rc"
 grep -E "Error|error:|Traceback" "$out/sft_rl.log" | cut -c1-300 | tail -n 12
 grep -E "^\[sft\]|^\[pipeline\]|^\[step " "$out/sft_rl.log" | cut -c1-400 | tail -n 40
