@@ -261,7 +261,9 @@ def _slices(n: torch.Tensor, r: torch.Tensor) -> tuple[int, Callable[[int], tupl
     host keeps every temporary in cache and off fresh mmaps (a whole 8192x4096 output took ~10 s a
     trial on one core); on a GPU the slices are larger and the work is the device's. A candidate
     that is one value broadcast (zero strides: the judge's own trivial answers, never a runner's
-    output, which is cloned dense) stays one value: a 0-d tensor that the slice's ops broadcast."""
+    output, which is cloned dense) stays one value, a zero-stride view of each slice's length: a 0-d
+    value broadcast by the slice's ops broke torch 2.11's ``isclose(equal_nan=True)``, whose NaN mask
+    is an in-place AND into the first argument's shape (every judge on the H200 failed, 2026-12-05)."""
     size = SLICE_ELEMENTS["cpu" if n.device.type == "cpu" else "gpu"]
     wide = _wide(r.dtype)
     scalar = n.dim() > 0 and not any(n.stride())
@@ -270,7 +272,8 @@ def _slices(n: torch.Tensor, r: torch.Tensor) -> tuple[int, Callable[[int], tupl
 
     def part(i: int) -> tuple[torch.Tensor, torch.Tensor]:
         lo, hi = i * size, (i + 1) * size
-        return (nflat if scalar else nflat[lo:hi].to(wide)), rflat[lo:hi].to(wide)
+        rf = rflat[lo:hi].to(wide)
+        return (nflat.expand(rf.shape) if scalar else nflat[lo:hi].to(wide)), rf
 
     return -(-rflat.numel() // size), part
 
