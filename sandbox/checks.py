@@ -35,16 +35,18 @@ def degenerate(refs: list[torch.Tensor], inputs: list[Any], tolerance: dict[str,
             if any(r.numel() for r in refs) and protocol.compare_outputs(outs, refs, tolerance, first_miss=True) is None]
 
 
-def _typical(r: torch.Tensor) -> float:
+def _typical(r: torch.Tensor) -> float | complex:
     """One value an answer could return everywhere: the mean, rounded for integer and bool outputs
     (an integer output's "constant" was once the reference itself, so every such task was flagged)."""
     if not r.numel():
         return 0.0
+    if r.is_complex():  # a float64 sum of it would drop the imaginary part
+        return complex(r.mean(dtype=torch.complex128))
     mean = float(r.sum(dtype=torch.float64)) / r.numel()
-    return mean if r.is_floating_point() or r.is_complex() else float(round(mean))
+    return mean if r.is_floating_point() else float(round(mean))
 
 
-def _filled(r: torch.Tensor, value: float) -> torch.Tensor:
+def _filled(r: torch.Tensor, value: float | complex) -> torch.Tensor:
     """``torch.full_like(r, value)`` as a zero-stride view of one element."""
     return torch.full((), value, dtype=r.dtype, device=r.device).expand(r.shape)
 

@@ -235,3 +235,6 @@ def test_the_degenerate_check_flags_what_a_trivial_answer_passes_and_nothing_els
     assert checks.degenerate([torch.ones(16, dtype=torch.bool)], [torch.randn(5)], tol) == ["constant"]
     x = torch.randn(8, 8)
     assert checks.degenerate([x.clone()], [x], tol) == ["input"]
+    # a complex output's one value keeps its imaginary part
+    c = torch.randn(16, dtype=torch.complex64)
+    assert abs(checks._typical(c) - complex(c.mean(dtype=torch.complex128))) < 1e-12
