@@ -54,9 +54,10 @@ def _filled(r: torch.Tensor, value: float | complex) -> torch.Tensor:
 def relative_floor(new: list[torch.Tensor], refs: list[torch.Tensor], tolerance: dict[str, Any],
                    passing: list[str]) -> str | None:
     """The relative error of each floating output as a whole (its norm) must be within the dtype's
-    rtol (at least 1e-3): zeros or a constant are off by ~100 % there, an honest kernel by rounding."""
+    rtol (at least 1e-3): zeros or a constant are off by ~100 % there, an honest kernel by rounding.
+    Complex outputs too (their error is the norm of the complex difference)."""
     for i, (n, r) in enumerate(zip(new, refs)):
-        if not r.is_floating_point() or not r.numel():
+        if not (r.is_floating_point() or r.is_complex()) or not r.numel():
             continue
         err, scale = protocol.error_norms(n, r)
         tol = max(protocol.tolerance_for(r.dtype, tolerance)[1], 1e-3)

@@ -238,3 +238,28 @@ def test_the_degenerate_check_flags_what_a_trivial_answer_passes_and_nothing_els
     # a complex output's one value keeps its imaginary part
     c = torch.randn(16, dtype=torch.complex64)
     assert abs(checks._typical(c) - complex(c.mean(dtype=torch.complex128))) < 1e-12
+
+
+def test_a_complex_output_is_compared_on_both_parts(monkeypatch):
+    """A complex output widened to a real dtype loses its imaginary part: an answer wrong only
+    there must still fail, and its errors are of the complex difference's modulus."""
+    _isclose_of_torch_2_11(monkeypatch)
+    monkeypatch.setitem(protocol.SLICE_ELEMENTS, "cpu", 64)
+    tol = {"float32": {"atol": 1e-4, "rtol": 1e-4}}
+    ref = torch.randn(10, 30, dtype=torch.complex64)
+    assert protocol.compare_outputs([ref.clone()], [ref], tol) is None
+    wrong = ref.clone()
+    wrong[3, 7] = complex(ref[3, 7].real, ref[3, 7].imag + 0.5)  # the real parts all equal
+    for first_miss in (False, True):
+        bad = protocol.compare_outputs([wrong], [ref], tol, first_miss=first_miss)
+        assert bad is not None and "max abs error 0.5" in bad.message, bad
+    bad, abs_err, _ = protocol.compare_with_errors([wrong], [ref], tol)
+    assert abs(abs_err - 0.5) < 1e-6
+    err, scale = protocol.error_norms(wrong, ref)
+    assert abs(err - 0.5) < 1e-6
+    assert abs(scale - float(ref.to(torch.complex128).abs().square().sum().sqrt())) < 1e-6
+    from sandbox import checks
+
+    zero = torch.zeros((), dtype=ref.dtype).expand(ref.shape)
+    assert checks.relative_floor([zero], [ref], tol, ["zeros"]) is not None
+    assert checks.relative_floor([ref.clone()], [ref], tol, ["zeros"]) is None
