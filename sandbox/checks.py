@@ -1,4 +1,4 @@
-"""The judge's comparisons beyond the tolerance check (sandbox/protocol.py compare_with_errors):
+"""The judge's comparisons beyond the tolerance check (sandbox/compare.py):
 inputs left as they were, and answers a loose tolerance cannot tell from real ones."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from sandbox import protocol
+from sandbox import compare
 
 
 def same(a: torch.Tensor, b: Any) -> bool:
@@ -32,7 +32,7 @@ def degenerate(refs: list[torch.Tensor], inputs: list[Any], tolerance: dict[str,
             and first.dtype == refs[0].dtype:
         trivial["input"] = [first]
     return [name for name, outs in trivial.items()
-            if any(r.numel() for r in refs) and protocol.compare_outputs(outs, refs, tolerance, first_miss=True) is None]
+            if any(r.numel() for r in refs) and compare.compare_outputs(outs, refs, tolerance, first_miss=True) is None]
 
 
 def _typical(r: torch.Tensor) -> float | complex:
@@ -59,8 +59,8 @@ def relative_floor(new: list[torch.Tensor], refs: list[torch.Tensor], tolerance:
     for i, (n, r) in enumerate(zip(new, refs)):
         if not (r.is_floating_point() or r.is_complex()) or not r.numel():
             continue
-        err, scale = protocol.error_norms(n, r)
-        tol = max(protocol.tolerance_for(r.dtype, tolerance)[1], 1e-3)
+        err, scale = compare.error_norms(n, r)
+        tol = max(compare.tolerance_for(r.dtype, tolerance)[1], 1e-3)
         if (err > 0.0 if scale == 0.0 else err / scale > tol):
             return (f"output {i}: relative error {err / max(scale, 1e-30):.3g} over {tol:g} (this task's check "
                     f"passes {passing} at its tolerances, so a relative floor applies)")

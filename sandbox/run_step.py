@@ -307,7 +307,7 @@ class RunStep:
     def _checked(self, k: int, stage: str, cand: tuple[Any, list[int]]) -> tuple[float, float]:
         """The candidate's outputs of the call just made on set ``k`` against the reference's on a
         fresh draw of the same seed; raises on any mismatch. Returns (max abs, max rel) error."""
-        from sandbox import protocol
+        from sandbox import compare
 
         s = self.sets[k]
         t = _perf_counter()
@@ -333,7 +333,7 @@ class RunStep:
 
             if not all(isinstance(x, torch.Tensor) for x in new):
                 raise Lost("wrong_output", "candidate output is not a tensor", stage)
-            bad, a, rel = protocol.compare_with_errors(new, theirs.tensors, self.req.tolerance)
+            bad, a, rel = compare.compare_with_errors(new, theirs.tensors, self.req.tolerance)
             if bad is None and stage == "correctness" and "strict_check" not in self.result:
                 passing = checks.degenerate(theirs.tensors, self.check_set["values"], self.req.tolerance)
                 self.result["strict_check"] = passing
