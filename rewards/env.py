@@ -42,6 +42,8 @@ class KernelEnv:
         self.pool = eval_pool
         self._scrubber = scrubber  # None: this process's environment (rewards.scrub.default_scrubber)
         self.backend: str = cfg.backend
+        if self.backend == "triton":
+            _check_interpreter()
         self.enabled_rules = list(cfg.rules.enabled)
         self.rule_settings = RuleSettings.from_config(cfg.rules)
         levels = list(cfg.levels)
@@ -198,6 +200,17 @@ def _runtime_violation(result: EvalResult) -> EvalResult:
         flags = list(dict.fromkeys([*result.flags, "disallowed_build_argument"]))
         return dataclasses.replace(result, error_kind="rule_violation", compiled=False, correct=False, flags=flags)
     return result
+
+
+def _check_interpreter() -> None:
+    """Without a GPU the triton backend is Triton's interpreter; where this install's versions make
+    it fail correct answers (sandbox.devices.interpreter_problem), stop here rather than score a
+    whole run's answers as evaluator failures."""
+    from sandbox import devices
+
+    problem = devices.interpreter_problem()
+    if problem and not devices.detect_gpus():
+        raise RuntimeError(f"reward.backend=triton: {problem}")
 
 
 def _fitting(tasks: list[Task], skip_invalid: bool) -> list[Task]:

@@ -4,6 +4,7 @@ nvidia-smi is asked, not torch: the pool's process never imports torch or starts
 """
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -67,3 +68,30 @@ def gpu_memory() -> dict[int, int]:
         except ValueError:
             continue
     return found
+
+
+@functools.lru_cache(maxsize=1)
+def interpreter_problem() -> str | None:
+    """Why Triton's interpreter (the triton backend without a GPU) would score correct answers as
+    crashes here, or None. Triton 3.6 and older turn a loop bound that is a kernel argument
+    (``for start in range(0, n, BLOCK)``) into ``int()`` of a one-element array, which numpy 2.4
+    refuses ("only 0-dimensional arrays can be converted to Python scalars"; seen 2026-12-05 with
+    triton 3.6.0, torch 2.11's pin, and numpy 2.4.6; triton 3.7.0 and numpy 2.3.5 both pass).
+    Versions are read from the installed metadata: the pool's process imports neither."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        triton, numpy = version("triton"), version("numpy")
+    except PackageNotFoundError:
+        return None  # no triton: the step itself reports the missing module
+    if _major_minor(triton) < (3, 7) and _major_minor(numpy) >= (2, 4):
+        return (f"the triton backend without a GPU runs Triton's interpreter, and triton {triton} with "
+                f"numpy {numpy} fails on any loop whose bound is a kernel argument, so correct answers "
+                f"would score as crashes: install numpy<2.4, or triton>=3.7 (a torch that pins triton "
+                f"3.6 or older, as torch 2.11 does, needs the numpy)")
+    return None
+
+
+def _major_minor(v: str) -> tuple[int, int]:
+    parts = [int(p) if p.isdigit() else 0 for p in (v.split(".") + ["0", "0"])[:2]]
+    return parts[0], parts[1]

@@ -158,6 +158,9 @@ class EvalPool:
         if backend == "cuda" and not gpus:
             return EvalResult.failure("sandbox_error", "the cuda backend needs a GPU and none is visible",
                                       backend=backend)
+        problem = devices.interpreter_problem() if backend == "triton" and not gpus else None
+        if problem:  # the judge's environment, never the answer's fault
+            return EvalResult.failure("sandbox_error", problem, backend=backend)
         on_gpu = bool(gpus)
         arch = cfg.cuda_arch or (gpus[0][1] if gpus else "")
         bkey = build_key(cand_src, backend, arch, await self._torch())

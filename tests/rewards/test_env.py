@@ -171,3 +171,13 @@ def test_bad_config_values_are_named():
         KernelEnv(load_reward_config("kernel", tasks="/no/such/checkout"), eval_pool=None)
     with pytest.raises(ValueError, match="reward.rules.enabled"):
         load_reward_config("kernel", **{"rules.enabled": ["no_kernel", "bogus_rule"]})
+
+
+def test_the_triton_backend_without_a_gpu_stops_on_a_broken_interpreter(monkeypatch, tmp_path):
+    from sandbox import devices
+
+    monkeypatch.setattr(devices, "interpreter_problem", lambda: "triton 3.6.0 with numpy 2.4.6 fails")
+    monkeypatch.setattr(devices, "detect_gpus", lambda: [])
+    with pytest.raises(RuntimeError, match="reward.backend=triton: triton 3.6.0"):
+        make_env("triton", str(tmp_path))
+    make_env("cpu", str(tmp_path))  # the other backends do not use the interpreter
