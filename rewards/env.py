@@ -42,7 +42,7 @@ class KernelEnv:
         self.pool = eval_pool
         self._scrubber = scrubber  # None: this process's environment (rewards.scrub.default_scrubber)
         self.backend: str = cfg.backend
-        if self.backend == "triton":
+        if self.backend == "triton" and eval_pool is not None:  # evaluations will run
             _check_interpreter()
         self.enabled_rules = list(cfg.rules.enabled)
         self.rule_settings = RuleSettings.from_config(cfg.rules)
@@ -210,7 +210,7 @@ def _check_interpreter() -> None:
 
     problem = devices.interpreter_problem()
     if problem and not devices.detect_gpus():
-        raise RuntimeError(f"reward.backend=triton: {problem}")
+        raise ValueError(f"reward.backend=triton: {problem}")
 
 
 def _fitting(tasks: list[Task], skip_invalid: bool) -> list[Task]:

@@ -9,6 +9,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+def _interpreter_problem() -> str | None:
+    from sandbox import devices
+
+    return devices.interpreter_problem()
+
+
 def _has_cuda() -> bool:
     try:
         import torch
@@ -33,6 +39,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         if item.get_closest_marker("vllm") and not has_vllm:
             item.add_marker(pytest.mark.skip(reason="needs vLLM and a CUDA GPU"))
+        if item.get_closest_marker("triton_interpreter") and not cuda and _interpreter_problem():
+            item.add_marker(pytest.mark.skip(reason=_interpreter_problem()))
 
 
 @pytest.fixture(scope="session")

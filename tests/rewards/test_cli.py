@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from rewards.cli import main
 from rewards.solutions import load_solution
 
@@ -32,6 +34,7 @@ def test_bad_config_key_is_a_message_not_a_traceback(capsys):
     assert "bogus" in capsys.readouterr().err
 
 
+@pytest.mark.triton_interpreter
 def test_evaluate_in_the_sandbox(tmp_path, capsys):
     resp = response_file(tmp_path, load_solution("triton", "L1/17_relu"))
     assert main(["--config", "kernel_triton_cpu", "--set", "holdout_frac=0.0", "evaluate", "L1/17_relu", resp,

@@ -171,6 +171,7 @@ def test_cpu_slow_answers_are_slower_than_fast(cpu_outcomes):
 
 # --- triton in the interpreter (no compiler: correctness only) -----------------------------------
 
+@pytest.mark.triton_interpreter
 def test_triton_answers_get_their_verdicts_in_the_interpreter(kernel_cache_dir):
     outcomes = evaluate_all("triton", TRITON_ANSWERS, cache_dir=kernel_cache_dir, correctness_trials=3)
     for a in TRITON_ANSWERS:

@@ -58,6 +58,7 @@ async def test_cpu_correct_answer_scores_and_off_by_one_scores_zero(kernel_cache
     assert "wrong" in bad.feedback and bad.hacks == []
 
 
+@pytest.mark.triton_interpreter
 async def test_triton_interpreter_answers_and_multi_turn_feedback(kernel_cache_dir):
     env = make_env("triton", kernel_cache_dir)
     relu = load_solution("triton", RELU)
@@ -85,7 +86,7 @@ async def test_triton_interpreter_answers_and_multi_turn_feedback(kernel_cache_d
     assert all("memory traffic" not in m["content"] for m in msgs)
 
 
-@pytest.mark.parametrize("backend", ["triton", "cpu", "cuda"])
+@pytest.mark.parametrize("backend", [pytest.param("triton", marks=pytest.mark.triton_interpreter), "cpu", "cuda"])
 async def test_adversarial_answers_score_zero_with_the_rule_name(backend, kernel_cache_dir):
     env = make_env(backend, kernel_cache_dir)
     cases = {k: v for k, v in ADVERSARIAL.items() if v[2] == backend}
@@ -178,6 +179,6 @@ def test_the_triton_backend_without_a_gpu_stops_on_a_broken_interpreter(monkeypa
 
     monkeypatch.setattr(devices, "interpreter_problem", lambda: "triton 3.6.0 with numpy 2.4.6 fails")
     monkeypatch.setattr(devices, "detect_gpus", lambda: [])
-    with pytest.raises(RuntimeError, match="reward.backend=triton: triton 3.6.0"):
+    with pytest.raises(ValueError, match="reward.backend=triton: triton 3.6.0"):
         make_env("triton", str(tmp_path))
     make_env("cpu", str(tmp_path))  # the other backends do not use the interpreter

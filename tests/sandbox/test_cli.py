@@ -2,6 +2,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.sandbox.conftest import FIXTURES
 
 
@@ -17,6 +19,7 @@ def test_cli_prints_a_readable_verdict(kernel_cache_dir):
     assert "verdict   : CORRECT" in out.stdout and "speedup" in out.stdout
 
 
+@pytest.mark.triton_interpreter
 def test_cli_json_parses_and_a_wrong_answer_still_exits_zero(kernel_cache_dir):
     out = _cli("--task", str(FIXTURES / "tasks/rowsum.py"), "--answer",
                str(FIXTURES / "answers/rowsum_triton_wrong_axis.py"), "--backend", "triton", "--json",

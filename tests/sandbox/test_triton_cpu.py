@@ -1,8 +1,11 @@
 """Triton on CPU through the interpreter (TRITON_INTERPRET=1): correctness only, never timed."""
+import pytest
+
 from sandbox.pool import EvalPool
 from tests.sandbox.conftest import fixture_source
 
 
+@pytest.mark.triton_interpreter
 async def test_correct_triton_kernel_is_correct_but_not_timed(sandbox_cfg):
     async with EvalPool(sandbox_cfg) as pool:
         res = await pool.evaluate(fixture_source("tasks/add.py"), fixture_source("answers/add_triton_correct.py"),
@@ -12,6 +15,7 @@ async def test_correct_triton_kernel_is_correct_but_not_timed(sandbox_cfg):
     assert res.device == "cpu"
 
 
+@pytest.mark.triton_interpreter
 async def test_triton_kernel_reducing_the_wrong_axis_is_wrong_output(sandbox_cfg):
     async with EvalPool(sandbox_cfg) as pool:
         res = await pool.evaluate(fixture_source("tasks/rowsum.py"),
@@ -44,7 +48,6 @@ def test_an_interpreter_that_fails_argument_bounded_loops_is_named(monkeypatch):
 async def test_the_pool_refuses_a_broken_interpreter_as_its_own_error(sandbox_cfg, monkeypatch):
     from sandbox import devices
 
-    assert devices.interpreter_problem() is None  # this install's interpreter runs such loops
     monkeypatch.setattr(devices, "interpreter_problem", lambda: "triton 3.6.0 with numpy 2.4.6 fails")
     monkeypatch.setattr(devices, "detect_gpus", lambda: [])
     async with EvalPool(sandbox_cfg) as pool:
