@@ -114,7 +114,7 @@ async def test_adversarial_answers_score_zero_with_the_rule_name(backend, kernel
     ("x" * 200_001, "too_long"),
 ])
 async def test_unusable_responses_score_zero_and_never_raise(response, kind, kernel_cache_dir):
-    env = make_env("triton", kernel_cache_dir)
+    env = make_env("cpu", kernel_cache_dir)  # none reaches the sandbox: any backend
     try:
         outcome = await env.evaluate(env.tasks("train")[0], response)
     finally:
@@ -125,6 +125,7 @@ async def test_unusable_responses_score_zero_and_never_raise(response, kind, ker
     assert "```python" in outcome.feedback
 
 
+@pytest.mark.triton_interpreter
 async def test_answer_that_fails_to_load_is_scored_by_the_sandbox(kernel_cache_dir):
     env = make_env("triton", kernel_cache_dir)
     code = "import not_a_real_module_xyz\n" + load_solution("triton", RELU)
@@ -147,8 +148,8 @@ class BrokenPool:
 
 
 async def test_evaluator_failure_is_a_zero_score_not_an_exception():
-    env = KernelEnv(load_reward_config("kernel", backend="triton", holdout_frac=0.0), BrokenPool())
-    outcome = await env.evaluate(ref(env, RELU), reply(load_solution("triton", RELU)))
+    env = KernelEnv(load_reward_config("kernel", backend="cpu", holdout_frac=0.0), BrokenPool())
+    outcome = await env.evaluate(ref(env, RELU), reply(load_solution("cpu", RELU)))
     assert BrokenPool.calls == 1
     assert outcome.score == 0.0 and outcome.error_kind == "sandbox_error" and "lost" in outcome.feedback
 
