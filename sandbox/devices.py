@@ -76,7 +76,8 @@ def interpreter_problem() -> str | None:
     crashes here, or None. Triton 3.6 and older turn a loop bound that is a kernel argument
     (``for start in range(0, n, BLOCK)``) into ``int()`` of a one-element array, which numpy 2.4
     refuses ("only 0-dimensional arrays can be converted to Python scalars"; seen 2026-12-05 with
-    triton 3.6.0, torch 2.11's pin, and numpy 2.4.6; triton 3.7.0 and numpy 2.3.5 both pass).
+    numpy 2.4.6 and triton 3.3.1, 3.5.1 and 3.6.0, torch 2.11's pin; triton 3.7.0 to 3.9.0 with
+    numpy 2.4.6, and triton 3.6.0 with numpy 2.3.5, run it).
     Versions are read from the installed metadata: the pool's process imports neither."""
     from importlib.metadata import PackageNotFoundError, version
 
