@@ -31,10 +31,13 @@ if ! "$venv/bin/python" -c "import pipeline, transformers, verl" 2>/dev/null; th
   grep -v -E "^(torch|transformers|triton|numpy|tokenizers|accelerate|huggingface_hub|safetensors|regex|nvidia|cuda)" \
     .ci/cpu-constraints.txt >"$pins"
   "$venv/bin/pip" install -q -c "$pins" numpy==2.4.6 -e ".[dev]"
-  # verl 0.9.1 asks for transformers < 5.11; the machine runs it beside 5.17, as here
-  "$venv/bin/pip" install -q transformers==5.17.0 tokenizers==0.23.2 accelerate==1.15.0 2>&1 \
-    | grep -v -E "dependency resolver|verl 0.9.1 requires" || true
-  rm -f "$pins"
+  # verl 0.9.1 asks for transformers < 5.11; the machine runs it beside 5.17, as here (pip says so
+  # and exits 0; any other failure stops the script)
+  log=$(mktemp)
+  "$venv/bin/pip" install -q transformers==5.17.0 tokenizers==0.23.2 accelerate==1.15.0 >"$log" 2>&1 \
+    || { cat "$log"; exit 1; }
+  grep -v -E "dependency resolver|verl 0.9.1 requires" "$log" || true
+  rm -f "$pins" "$log"
 fi
 "$venv/bin/python" -c "import sys, torch, transformers, triton, numpy; print('python', sys.version.split()[0], \
 'torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"

@@ -26,6 +26,7 @@ def _has_cuda() -> bool:
 
 def pytest_collection_modifyitems(config, items):
     cuda = _has_cuda()
+    interpreter = None if cuda else _interpreter_problem()
     try:
         import vllm  # noqa: F401
 
@@ -39,8 +40,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         if item.get_closest_marker("vllm") and not has_vllm:
             item.add_marker(pytest.mark.skip(reason="needs vLLM and a CUDA GPU"))
-        if item.get_closest_marker("triton_interpreter") and not cuda and _interpreter_problem():
-            item.add_marker(pytest.mark.skip(reason=_interpreter_problem()))
+        if item.get_closest_marker("triton_interpreter") and interpreter:
+            item.add_marker(pytest.mark.skip(reason=interpreter))
 
 
 @pytest.fixture(scope="session")
