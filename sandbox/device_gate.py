@@ -4,8 +4,12 @@ admission, shared correctness sections, exclusive timing windows.
 A run step's life on its device (docs/sandbox.md, "The device gate"):
 
 1. ``admit``: it reserves its task's footprint (bytes of device memory, measured by the task's
-   first step) before any of its processes touches the device; the reservations never add up past
-   the budget, so no step pushes another out of memory. A step whose footprint is not known yet
+   first step) before any of its processes allocates on the device; the reservations never add up
+   past the budget, so no step pushes another out of memory. While it waits, a step holding one of
+   the gate's ``warm_slots`` tickets (``try_warm``) already starts its CUDA contexts; the pool
+   keeps that room (three contexts a ticket) out of the budget, so contexts started before
+   admission are counted too (on an 80 GB GPU, twelve waiting steps' uncounted contexts pushed
+   newly starting ones out of memory). A step whose footprint is not known yet
    (a task's first step, a step re-run after a failure while sharing) is admitted *alone*: the
    whole budget, exclusive from the start, as the first protocol held a GPU. Admission is in
    arrival order, but a step that fits may go ahead of earlier ones that do not fit yet, as long
@@ -48,10 +52,12 @@ class Grant:
 
 
 class DeviceGate:
-    def __init__(self, token: Any, budget: int, overtake_s: float = 0.0):
+    def __init__(self, token: Any, budget: int, overtake_s: float = 0.0, warm_slots: int = 0):
         if budget < 1:
             raise ValueError(f"device gate budget {budget}: expected at least 1")
         self.token, self.budget, self.overtake_s = token, int(budget), float(overtake_s)
+        # steps that may start CUDA before admission (their contexts' room is not in ``budget``)
+        self.warm_slots, self.warming = int(warm_slots), 0
         self.reserved = 0
         self.holders: list[Grant] = []      # admitted and not yet released
         self._admit_queue: list[Grant] = []
@@ -110,6 +116,19 @@ class DeviceGate:
             if self._fits(ahead) or now - ahead.queued_at >= self.overtake_s:
                 return False
         return False
+
+    def try_warm(self) -> bool:
+        """A ticket to start CUDA (contexts only, no answer code, no data) before admission, at most
+        ``warm_slots`` at once. It never waits: a step without one starts CUDA once admitted, inside
+        its reservation. The ticket goes back at admission (``end_warm``), when its contexts become
+        part of the step's reserved footprint, or when the step ends unadmitted."""
+        if self.warming >= self.warm_slots:
+            return False
+        self.warming += 1
+        return True
+
+    def end_warm(self) -> None:
+        self.warming = max(self.warming - 1, 0)
 
     async def shared(self, grant: Grant) -> None:
         """Enter the shared section (an alone grant already holds the device)."""
@@ -207,6 +226,8 @@ async def serve_gate(sock: Any, gate: DeviceGate, need: int | None, limit_s: flo
                     fp = msg.get("footprint")
                     need = estimate(fp) if isinstance(fp, dict) else None
                 grant = clock["grant"] = await gate.admit(need, freeze)
+                if clock.pop("warm", False):  # its contexts are inside its reservation now
+                    gate.end_warm()
                 await gate.shared(grant)
                 clock["admitted"] = now = time.monotonic()
                 clock["deadline"] = now + limit_s

@@ -93,7 +93,9 @@ class Launcher:
             isolation=Isolation(network=cfg.block_network, writes=cfg.restrict_writes, pids=cfg.pid_namespace,
                                 drop=list(drop), shm_bytes=cfg.shm_bytes, cpus=self.cpu_set(cfg),
                                 dir_bytes=cfg.max_build_dir_bytes, dir_files=cfg.max_build_dir_files),
-            gated=gate is not None)
+            gated=gate is not None,
+            # CUDA may start before admission only on a ticket: its room is kept out of the budget
+            warm=gate is not None and mode == "run" and visible is not None and gate.try_warm())
         marker = f"{eval_id}-{mode}-{uuid.uuid4().hex[:6]}"
         extra = {"HOME": str(workdir), "TMPDIR": str(workdir / "tmp"), "TORCH_EXTENSIONS_DIR": str(build_dir),
                  "MAX_JOBS": str(cfg.max_jobs), "OMP_NUM_THREADS": str(cfg.cpu_threads),
@@ -135,6 +137,8 @@ class Launcher:
         except OSError as exc:
             if gate_ours is not None:
                 gate_ours.close()
+            if step.warm:
+                gate.end_warm()  # type: ignore[union-attr]
             return StepOutcome(None, detail=f"could not start the worker: {exc}")
         finally:
             for sock in (theirs, gate_theirs):
@@ -148,7 +152,7 @@ class Launcher:
         data: dict[str, Any] | None = None
         untagged = 0
         # the gate's server moves the deadline (waits are not run time) and records the grant and its times
-        clock: dict[str, Any] = {"deadline": time.monotonic() + limit_s}
+        clock: dict[str, Any] = {"deadline": time.monotonic() + limit_s, "warm": step.warm}
         served = None
         if gate is not None and gate_ours is not None:
             served = asyncio.ensure_future(serve_gate(gate_ours, gate, need, limit_s, clock,
@@ -191,6 +195,8 @@ class Launcher:
             await asyncio.to_thread(sweep.wait_gone, marker)
             if served is not None:
                 await asyncio.gather(served, return_exceptions=True)  # cancelled above: gone before release
+            if clock.pop("warm", False):  # never admitted: its ticket goes back with its processes
+                gate.end_warm()  # type: ignore[union-attr]
             grant: Grant | None = clock.get("grant")
             if grant is not None:
                 await gate.release(grant)  # type: ignore[union-attr]

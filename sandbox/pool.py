@@ -337,10 +337,9 @@ class EvalPool:
                 found = [(i, caps.get(i, "")) for i in self.cfg.gpu_ids]
             self._gpus = found
             for g in found:
-                share = self.cfg.gpu_memory_share
-                memory = devices.gpu_memory().get(g[0], 0) if share > 0 else 0
-                # budget 1: every step is admitted alone (the whole GPU, exclusive from the start)
-                self._gpu_gates[g[0]] = DeviceGate(g, max(int(memory * share), 1), self.cfg.admission_overtake_s)
+                memory = devices.gpu_memory().get(g[0], 0) if self.cfg.gpu_memory_share > 0 else 0
+                budget, warm = gpu_gate_budget(memory, self.cfg)
+                self._gpu_gates[g[0]] = DeviceGate(g, budget, self.cfg.admission_overtake_s, warm)
         return self._gpus
 
     async def _torch(self) -> str:
@@ -362,6 +361,16 @@ class EvalPool:
     def _store_ref_ms(self, tkey: str, ms: float) -> None:
         self._ref_ms[tkey] = ms
         (self.cache / "refs" / f"{tkey}.json").write_text(json.dumps({"ref_runtime_ms": ms}))
+
+
+def gpu_gate_budget(memory: int, cfg: EvalConfig) -> tuple[int, int]:
+    """A GPU gate's admission budget and warm tickets: ``gpu_memory_share`` of the GPU's memory,
+    less the room of the CUDA contexts (three a step) that ``gpu_warm_steps`` waiting steps start
+    before admission. Share 0 (or an unknown size): budget 1 and no tickets, so every step is
+    admitted alone (the whole GPU, exclusive from the start) and touches it only then."""
+    warm = cfg.gpu_warm_steps if cfg.gpu_memory_share > 0 and memory > 0 else 0
+    budget = int(memory * cfg.gpu_memory_share) - warm * 3 * cfg.gpu_context_bytes
+    return max(budget, 1), warm
 
 
 def _maybe_crowded(out: StepOutcome) -> bool:

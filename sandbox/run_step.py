@@ -67,10 +67,13 @@ class RunStep:
 
         req, wall = self.req, self.result["wall_s"]
         prep_deadline = time.monotonic() + float(req.timeout_s)
-        if req.device.startswith("cuda") and os.environ.get("CUDA_VISIBLE_DEVICES"):
-            import torch  # CUDA starts here too while the runners start theirs, before the grant
+        if req.starts_cuda_early():
+            try:
+                import torch  # CUDA starts here too while the runners start theirs, before the grant
 
-            torch.empty(1, device=req.device)
+                torch.empty(1, device=req.device)
+            except Exception:  # noqa: BLE001 - CUDA starts again after admission, inside the reservation
+                pass
         for r in (self.ref, self.cand):
             msg, _ = r.reply("ready", prep_deadline)
             if r is self.cand:  # sent before any answer code was imported there

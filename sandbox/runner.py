@@ -20,7 +20,7 @@ from sandbox.wire import StepRequest
 def run(role: str, req: StepRequest, task: Any, sock: socket.socket, confined: list[str]) -> None:
     """The runner's loop; never returns (``os._exit``)."""
     chan = share.Channel(sock)
-    if req.device.startswith("cuda") and os.environ.get("CUDA_VISIBLE_DEVICES"):
+    if req.starts_cuda_early():
         # the GPU this step was given: CUDA starts here while the step waits for its turn (trusted
         # code still: the answer is imported only once the step holds the GPU)
         try:

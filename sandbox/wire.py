@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,11 +75,19 @@ class StepRequest:
     read_roots: list[str] = field(default_factory=list)  # extra readable dirs (pch, narrow headers)
     output_tail_bytes: int = 8192
     gated: bool = False            # wait for the pool's word before touching the device
+    warm: bool = False             # gated, but may start CUDA (contexts only) while waiting: a gate ticket
     gate_fd: int | None = None     # socket to the pool's device gate (the judge keeps it alone)
     key_fd: int | None = None      # socket holding the result key (the outer process reads it)
 
     def to_json(self) -> bytes:
         return json.dumps(dataclasses.asdict(self)).encode() + b"\n"
+
+    def starts_cuda_early(self) -> bool:
+        """Whether this step's processes start CUDA before the device is theirs: a GPU already given
+        (CUDA_VISIBLE_DEVICES), and no gate or a gate's warm ticket (the gate's room for contexts
+        started while waiting; without one, CUDA starts only once the step is admitted)."""
+        return self.device.startswith("cuda") and bool(os.environ.get("CUDA_VISIBLE_DEVICES")) \
+            and (self.warm or not self.gated)
 
     @classmethod
     def from_json(cls, raw: bytes) -> "StepRequest":

@@ -26,6 +26,19 @@ from sandbox.wire import KEY_BYTES, MAX_RESULT_BYTES, StepRequest, read_result_l
 __all__ = ["main", "read_result_line", "result_line", "result_tag"]
 
 
+def _where(exc: BaseException) -> str:
+    """" at FILE:LINE (FUNCTION)" of the judge's own innermost frame that raised ``exc``, first in
+    the message (results cut long errors): a judge failure is the sandbox's bug, and its report
+    must say where without a traceback (the log tail holds the answer's output, not ours)."""
+    import traceback
+
+    ours = [f for f in traceback.extract_tb(exc.__traceback__) if f"{os.sep}sandbox{os.sep}" in f.filename]
+    if not ours:
+        return ""
+    f = ours[-1]
+    return f" at {os.path.basename(f.filename)}:{f.lineno} ({f.name})"
+
+
 def main() -> int:
     req = StepRequest.from_json(sys.stdin.buffer.readline())
     t0 = time.monotonic()
@@ -89,7 +102,7 @@ def main() -> int:
 
             result = judge.harness(req, gate)
         except BaseException as exc:  # noqa: BLE001 - the outer process must always get a verdict
-            result = {"stage": "load", "error_kind": "sandbox_error", "error": f"judge failed: {exc!r}"}
+            result = {"stage": "load", "error_kind": "sandbox_error", "error": f"judge failed{_where(exc)}: {exc!r}"}
         _write_all(res_w, json.dumps(result).encode())
         os._exit(0)
     # Only now, in this process alone, the key. Read before the fork, it would be in the memory the

@@ -160,3 +160,16 @@ async def test_a_host_that_cannot_confine_says_so_in_one_line(sandbox_cfg, caplo
                 assert res.correct, res
     lines = [r.getMessage() for r in caplog.records if "runs answers without" in r.getMessage()]
     assert len(lines) == 1 and "landlock_read" in lines[0] and "pidns" in lines[0], lines
+
+
+def test_a_judge_failure_names_the_sandbox_frame_that_raised():
+    """A judge's own failure (sandbox_error) says where in sandbox/ it raised, ahead of the
+    exception's text (results cut long errors, and a CUDA error's text is long)."""
+    from sandbox import share, worker
+
+    try:
+        share.finite_prod(["x", None])
+    except TypeError as exc:
+        where = worker._where(exc)
+    assert where.startswith(" at share.py:") and where.endswith("(finite_prod)")
+    assert worker._where(ValueError("raised outside the sandbox")) == ""

@@ -154,3 +154,50 @@ async def test_a_step_that_fits_passes_a_young_head_that_does_not_and_never_an_o
     assert not small.done()
     await strict.release(big)
     await asyncio.wait_for(asyncio.gather(head, small), 1)
+
+
+async def test_warm_tickets_are_bounded_never_wait_and_go_back():
+    """At most ``warm_slots`` steps start CUDA before admission (their contexts' room is what the
+    pool keeps out of the budget); a step without a ticket is not held back, it starts CUDA later."""
+    gate = DeviceGate(("gpu", "9.0"), budget=100, warm_slots=2)
+    assert [gate.try_warm() for _ in range(3)] == [True, True, False]
+    gate.end_warm()
+    assert gate.try_warm() and not gate.try_warm()
+    none = DeviceGate(("gpu", "9.0"), budget=100)
+    assert not none.try_warm()
+
+
+async def test_the_ticket_goes_back_at_admission():
+    """serve_gate hands a warm ticket back once the step is admitted: from then on its contexts
+    are inside its reservation, and another waiting step may start its own."""
+    import json
+    import socket
+
+    from sandbox.device_gate import serve_gate
+
+    gate = DeviceGate(("gpu", "9.0"), budget=100, warm_slots=1)
+    assert gate.try_warm()
+    ours, theirs = socket.socketpair()
+    clock = {"deadline": 0.0, "warm": True}
+    served = asyncio.ensure_future(serve_gate(ours, gate, 40, 60.0, clock, lambda on: None, lambda fp: None))
+    reader, writer = await asyncio.open_unix_connection(sock=theirs)
+    writer.write(b'{"ready": true}\n')
+    await writer.drain()
+    reply = json.loads(await asyncio.wait_for(reader.readline(), 5))
+    assert reply == {"device": "gpu"} and gate.reserved == 40
+    assert "warm" not in clock and gate.warming == 0 and gate.try_warm()
+    writer.close()
+    await asyncio.wait_for(served, 5)
+
+
+def test_the_gate_budget_keeps_the_warm_steps_contexts_out():
+    """An 80 GB card (79.2 GiB): 0.9 of it less three 1 GiB contexts for each of four warm steps."""
+    from sandbox.config import load_default_config
+    from sandbox.pool import gpu_gate_budget
+
+    gib = 2**30
+    cfg = load_default_config(gpu_memory_share=0.9, gpu_context_bytes=gib, gpu_warm_steps=4)
+    budget, warm = gpu_gate_budget(int(79.18 * gib), cfg)
+    assert warm == 4 and budget == int(int(79.18 * gib) * 0.9) - 12 * gib
+    assert gpu_gate_budget(int(79.18 * gib), load_default_config(gpu_memory_share=0.0)) == (1, 0)
+    assert gpu_gate_budget(0, cfg) == (1, 0)   # no size known: alone, nothing started early

@@ -69,3 +69,20 @@ def test_the_run_limit_grows_with_the_tasks_reference_time():
     calls = 2 * cfg.correctness_trials + cfg.warmup_runs + cfg.timing_runs * (1 + 2 * cfg.checked_share) + 2
     assert slow == pytest.approx(60.0 + 10.0 * calls) and slow > 5 * 60.0
     assert _run_limit(dataclasses.replace(cfg, timing_runs=2 * cfg.timing_runs), 1000.0) > slow
+
+
+def test_cuda_starts_before_admission_only_with_a_ticket_or_without_a_gate(monkeypatch):
+    import dataclasses
+
+    from sandbox.wire import Isolation, Limits, StepRequest
+
+    base = StepRequest(mode="run", backend="cuda", device="cuda:0", workdir="/w", build_dir="/b",
+                       limits=Limits(memory_bytes=None, open_files=64, processes=32, cpu_s=60, file_size_bytes=1),
+                       isolation=Isolation(network=True, writes=True, pids=True))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert base.starts_cuda_early()                                        # no gate: the GPU is the step's
+    assert not dataclasses.replace(base, gated=True).starts_cuda_early()   # gated, no ticket: only once admitted
+    assert dataclasses.replace(base, gated=True, warm=True).starts_cuda_early()
+    assert not dataclasses.replace(base, device="cpu").starts_cuda_early()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")                         # no GPU given yet
+    assert not dataclasses.replace(base, gated=True, warm=True).starts_cuda_early()
