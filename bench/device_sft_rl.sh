@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Issue 16 on one H200: a 0.5B Qwen2-shaped model warm-started on the cuda answer corpus, then
-# kernel_multiturn with the cuda backend and vLLM, in one device call (< 9 min):
+# kernel_multiturn with the cuda backend and vLLM, in one device call (< 9 min). Without the vLLM
+# bundle: ROLLOUT=hf STEPS=8 LIMIT=560 (first run, H100, 2026-12-05, LIMIT=430: SFT 44 s, corpus
+# answers 118 s, Ray and the trainer 61 s, then 55-100 s a step: two RL steps):
 #
 #   bash .devpkgs/install.sh && bash bench/device_sft_rl.sh [extra Hydra overrides]
 #
@@ -21,6 +23,9 @@ out=${OUT:-/tmp/bench_out}
 mkdir -p "$out"
 . bench/device_env.sh
 SFT_LR=${SFT_LR:-3e-4} RL_LR=${RL_LR:-2e-5} STEPS=${STEPS:-8} LIMIT=${LIMIT:-520} ROLLOUT=${ROLLOUT:-vllm}
+# 16 cores: the warm start's corpus answers and each step's new ones build 8 at a time (the
+# default 2 x 4 jobs took 118 s for the 4 corpus answers on the H100, 2026-12-05)
+COMPILE_WORKERS=${COMPILE_WORKERS:-8}
 run=/tmp/sft_rl_run
 rm -rf "$run"
 # the curve so far reaches $OUT every 15 s: a call cut by its own limit (or a machine taken back
@@ -33,6 +38,7 @@ timeout -k 15 "$LIMIT" python3 -m pipeline.main +experiment=kernel_multiturn pro
   model.tiny.num_attention_heads=14 model.tiny.num_key_value_heads=2 model.tiny.max_position_embeddings=8192 \
   "model.warm_start_overrides=[\"resources=one_gpu\",\"trainer.optim.lr=$SFT_LR\",\"logger=console\"]" \
   model.warm_start_dir=/tmp/warm_start sandbox.cache_dir=/tmp/sft_rl_build_cache \
+  sandbox.compile_workers=$COMPILE_WORKERS sandbox.max_jobs=2 \
   trainer.optim.lr=$RL_LR pipeline.steps=$STEPS logger=console name=sft_rl hydra.run.dir=$run \
   "$@" >"$out/sft_rl.log" 2>&1
 rc=$?
