@@ -14,12 +14,40 @@ from pipeline.trainer.plan import StepPlan, plan_step
 from pipeline.trainer.worker import BATCH_KEYS, TrainerWorker
 
 
+class TrainerOutOfMemory(RuntimeError):
+    """A trainer rank ran out of GPU memory; the message names the settings that size a step."""
+
+
+def out_of_memory(exc: BaseException, method: str, algo: Any, trainer_cfg: Any,
+                  world_size: int) -> TrainerOutOfMemory | None:
+    """``exc`` (a rank's error, as Ray hands it over) reworded for the person who set the run up,
+    when it is CUDA running out of memory; None for any other error. A step's memory is set by
+    the tokens of one forward/backward, activation checkpointing, the log-prob head's chunking
+    and how many GPUs share the parameters and optimiser state (FSDP2)."""
+    cause = getattr(exc, "cause", None) or exc  # Ray's error subclasses its cause's class, with its own text
+    if not isinstance(cause, torch.OutOfMemoryError):
+        return None
+    said = (str(cause).strip().splitlines() or [""])[0][:240]
+    chunk = int(getattr(trainer_cfg, "logprob_chunk_tokens", 0) or 0)
+    ways = [f"lower algorithm.micro_batch_tokens (now {algo.micro_batch_tokens}; on one 80 GB H100 a "
+            f"0.5B model's RL step fit 32768, a 1.5B one's did not)"]
+    if not getattr(trainer_cfg, "gradient_checkpointing", False):
+        ways.append("set trainer.gradient_checkpointing=true (recomputes activations in backward)")
+    if chunk <= 0:
+        ways.append("set trainer.logprob_chunk_tokens=1024 (no full [tokens, vocabulary] logits)")
+    ways.append(f"give the trainer more GPUs (resources; {world_size} now), which FSDP2 shards the "
+                f"parameters and optimiser state over")
+    return TrainerOutOfMemory(f"the trainer ran out of GPU memory in {method} "
+                              f"({algo.micro_batch_tokens} tokens a forward/backward on each of "
+                              f"{world_size} rank(s)): " + "; or ".join(ways) + f". CUDA said: {said}")
+
+
 class TrainerGroup:
     def __init__(self, pool: Any, model_cfg: Any, trainer_cfg: Any, algo_cfg: Any,
                  max_response_length: int, temperature: float, total_optim_steps: int,
                  gpu_memory_fraction: float | None = None, resume_dir: str | None = None,
                  env_vars: dict[str, str] | None = None) -> None:
-        self.algo = algo_cfg
+        self.algo, self.trainer_cfg = algo_cfg, trainer_cfg
         self.max_response_length = max_response_length
         self.world_size = len(pool)
         self._pool, self._env_vars = pool, env_vars
@@ -106,7 +134,13 @@ class TrainerGroup:
             shard = {k: getattr(batch, k)[idx] for k in BATCH_KEYS}
             refs.append(getattr(w, method).remote(shard, rp, plan.global_seqs, plan.global_tokens,
                                                   *extra))
-        per_rank = ray.get(refs)
+        try:
+            per_rank = ray.get(refs)
+        except Exception as exc:  # noqa: BLE001 - only an out-of-memory is reworded
+            oom = out_of_memory(exc, method, self.algo, self.trainer_cfg, self.world_size)
+            if oom is None:
+                raise
+            raise oom from exc
         out = dict(per_rank[0])
         for key in ("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb"):
             if key in out:

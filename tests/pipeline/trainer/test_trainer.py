@@ -223,3 +223,28 @@ def test_first_mini_batch_reuses_its_own_forward_as_old_log_probs(configs):
     assert forwards.count(False) == len(minis[1])  # the old pass: mini-batch 1 only
     assert forwards.count(True) == len(minis[0]) + len(minis[1])
     assert metrics["actor/grad_norm"] > 0
+
+
+def test_a_rank_out_of_gpu_memory_is_reworded_with_the_settings_that_size_a_step():
+    """A rank's CUDA out-of-memory, as Ray hands it to the driver (RayTaskError whose cause is
+    torch.OutOfMemoryError), becomes one error naming the keys to change; other errors pass."""
+    from types import SimpleNamespace
+
+    import torch
+    from ray.exceptions import RayTaskError
+
+    from pipeline.trainer.group import out_of_memory
+
+    algo = SimpleNamespace(micro_batch_tokens=32768)
+    trainer = SimpleNamespace(gradient_checkpointing=False, logprob_chunk_tokens=1024)
+    cuda = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 96.00 MiB. GPU 0 has a total capacity")
+    from_ray = RayTaskError("train_step", "Traceback ...", cuda).as_instanceof_cause()
+    err = out_of_memory(from_ray, "train_step", algo, trainer, 1)
+    text = str(err)
+    assert "algorithm.micro_batch_tokens (now 32768" in text and "trainer.gradient_checkpointing=true" in text
+    assert "logprob_chunk_tokens" not in text  # already chunked: not offered
+    assert "CUDA said: CUDA out of memory. Tried to allocate 96.00 MiB" in text
+    assert out_of_memory(cuda, "sft_step", algo, SimpleNamespace(gradient_checkpointing=True,
+                                                                 logprob_chunk_tokens=0), 2) is not None
+    other = RayTaskError("train_step", "Traceback ...", ValueError("bad batch")).as_instanceof_cause()
+    assert out_of_memory(other, "train_step", algo, trainer, 1) is None
