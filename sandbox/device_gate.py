@@ -195,11 +195,14 @@ class DeviceGate:
 
 
 async def serve_gate(sock: Any, gate: DeviceGate, need: int | None, limit_s: float, clock: dict[str, Any],
-                     freeze: Callable[[bool], None], estimate: Callable[[dict[str, Any]], int | None]) -> None:
+                     freeze: Callable[[bool], None], estimate: Callable[[dict[str, Any]], int | None],
+                     ref_time: tuple[Callable[[], float | None], Callable[[float], None]] | None = None) -> None:
     """The pool's end of one step's gate socket (sandbox/gate.py is the judge's): admission and the
     shared section on ``ready``, the exclusive window on ``exclusive``, the window back on ``done``.
     ``need``: bytes to reserve (None: alone), or -1: ``estimate`` of the footprint the judge sends
-    with ``ready`` (its trusted meta-device measure; none: alone).
+    with ``ready`` (its trusted meta-device measure; none: alone). ``ref_time``: (get, put) of the
+    task's reference time: the exclusive grant tells the judge what is known by then, and a time the
+    judge measured comes back with ``done``, stored before the window goes back.
     ``clock``: the step's ``deadline`` (no deadline while it waits; ``limit_s`` from admission; an
     exclusive wait added), and what it records: ``grant``, ``admitted``, ``device_shared``,
     ``exclusive_from``, ``device_exclusive``. Only the judge holds the other end."""
@@ -243,8 +246,13 @@ async def serve_gate(sock: Any, gate: DeviceGate, need: int | None, limit_s: flo
                 now = time.monotonic()
                 clock.setdefault("exclusive_from", now)
                 clock["deadline"] = now + left
-                writer.write(b'{"exclusive": true}\n')
+                known = ref_time[0]() if ref_time is not None else None
+                writer.write(json.dumps({"exclusive": True, "ref_ms": known}).encode() + b"\n")
             elif msg.get("done") and grant is not None:
+                measured = msg.get("ref_ms")
+                if ref_time is not None and isinstance(measured, (int, float)) and math.isfinite(measured) \
+                        and measured > 0:
+                    ref_time[1](float(measured))
                 now = time.monotonic()
                 if "exclusive_from" in clock:
                     clock["device_exclusive"] = now - clock["exclusive_from"]

@@ -19,6 +19,11 @@ from typing import Any
 class Gate:
     def __init__(self, fd: int):
         self.fd, self.buf = fd, b""
+        # the task's reference time as the pool knew it when the timing window was granted: the
+        # first step of a task to reach its window times the reference and reports it with ``done``
+        # (before the window goes back), so steps of the same task that were launched before any
+        # time was known do not each time the reference again
+        self.ref_ms: float | None = None
 
     def wait(self, footprint: dict[str, int] | None = None) -> tuple[float, Any]:
         """Admission and the shared section: (seconds spent waiting, the granted device index or None).
@@ -30,12 +35,15 @@ class Gate:
     def exclusive(self) -> float:
         """The device alone (the shared section given back first); seconds spent waiting."""
         t = time.monotonic()
-        self._ask({"exclusive": True})
+        reply = self._ask({"exclusive": True})
+        known = reply.get("ref_ms")
+        self.ref_ms = float(known) if isinstance(known, (int, float)) and known > 0 else None
         return time.monotonic() - t
 
-    def done(self) -> None:
-        """The step's runners are gone: its window goes back (no reply)."""
-        self._send({"done": True})
+    def done(self, ref_ms: float | None = None) -> None:
+        """The step's runners are gone: its window goes back (no reply), with the reference time it
+        measured in that window, if it did."""
+        self._send({"done": True, "ref_ms": ref_ms})
 
     def _send(self, msg: dict[str, Any]) -> None:
         if self.fd < 0:

@@ -73,7 +73,8 @@ class Launcher:
     async def step(self, req: dict[str, Any], mode: str, bkey: str, workdir: Path, eval_id: str,
                     cfg: EvalConfig, backend: str, gpu: tuple[int, str] | None, arch: str,
                     limit_s: float, drop: tuple[str, ...] = (), gate: DeviceGate | None = None,
-                    visible: int | None = None, need: int | None = None) -> StepOutcome:
+                    visible: int | None = None, need: int | None = None,
+                    ref_time: tuple[Any, Any] | None = None) -> StepOutcome:
         """One worker process. With a ``gate`` the worker prepares first and the device is taken only
         when it says it is ready (``need`` reserved, None: alone); ``limit_s`` counts from then (and
         bounds the preparation too); time spent waiting for an exclusive window is not counted."""
@@ -157,7 +158,7 @@ class Launcher:
         if gate is not None and gate_ours is not None:
             served = asyncio.ensure_future(serve_gate(gate_ours, gate, need, limit_s, clock,
                                                       lambda on: freeze(proc.pid, marker, on),
-                                                      lambda fp: devices.estimate(fp, cfg)))
+                                                      lambda fp: devices.estimate(fp, cfg), ref_time))
         try:
             await write_raw(proc, step.to_json(), close=True)
             while True:

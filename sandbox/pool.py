@@ -179,7 +179,8 @@ class EvalPool:
             ref_ms = self._ref_ms.get(tkey) or self._load_ref_ms(tkey)
             res = await self._run(ref_src, cand_src, backend, bkey, arch, cfg, eval_dir, eval_id, on_gpu, ref_ms,
                                   tkey)
-            if res.timed and res.ref_runtime_ms and ref_ms is None and res.error_kind is None:
+            if res.timed and res.ref_runtime_ms and ref_ms is None and res.error_kind is None \
+                    and tkey not in self._ref_ms:
                 self._store_ref_ms(tkey, res.ref_runtime_ms)
             res.cache_hit = bool(compiled.get("cache_hit"))
             if "compile" in compiled.get("wall_s", {}) and not res.cache_hit:
@@ -228,10 +229,15 @@ class EvalPool:
         # a task's first GPU step runs alone and measures what later ones reserve; the host's slots
         # are counted, not measured
         need: int | None = self._footprints.get(tkey, -1) if on_gpu else 1  # -1: the judge's estimate
+        # steps of a task launched before its reference time was known: the first to reach its timing
+        # window times the reference, the others learn that time from the gate
+        ref_time = (lambda: self._ref_ms.get(tkey), lambda ms: self._store_ref_ms(tkey, ms)) \
+            if timed and ref_ms is None else None
         attempt = lost = 0
         while True:
             out = await self._launcher.step(req, "run", bkey, eval_dir / f"run{attempt}", eval_id, cfg, backend,
-                                   None, arch, limit, drop, gate, visible=gpu_index, need=need)
+                                   None, arch, limit, drop, gate, visible=gpu_index, need=need,
+                                   ref_time=ref_time)
             attempt += 1
             if out.data is None and out.killed_for is None:
                 self._stats["lost_workers"] += 1

@@ -24,6 +24,7 @@ class RunStep:
     def __init__(self, req: StepRequest, gate: Gate | None):
         self.req, self.gate = req, gate
         self.result: dict[str, Any] = {"stage": "correctness", "compiled": False, "wall_s": {}, "flags": []}
+        self.measured_ref_ms: float | None = None  # the reference time this step measured (the pool keeps it)
         self.rng = secrets.SystemRandom()   # which timed calls are checked: nothing a runner can predict
         # the seeds of timed calls' inputs: unpredictable, or an answer could draw the next inputs
         # itself outside the timed windows and answer a timed call from that
@@ -57,7 +58,7 @@ class RunStep:
             sweep.kill_marked(os.environ.get(MARKER), keep=[self.ref.pid], everything=os.getpid() == 1)
             self._spent("teardown", t)
             if self.gate is not None:
-                self.gate.done()
+                self.gate.done(self.measured_ref_ms)
                 self.gate.close()
             self.ref.kill()
             sweep.kill_marked(os.environ.get(MARKER), everything=os.getpid() == 1)
@@ -123,12 +124,13 @@ class RunStep:
         new_ms, spread = self._time(self.cand, check=True)
         wall["timing"] = round(_perf_counter() - t, 3)
         wall["round_trip_ms"] = self._round_trip_ms()
-        ref_ms = req.ref_runtime_ms
+        ref_ms = req.ref_runtime_ms or (self.gate.ref_ms if self.gate is not None else None)
         if ref_ms is None:
             self.cand.kill()  # nothing of the answer runs while the reference (cached per task) is timed
             sweep.kill_marked(os.environ.get(MARKER), keep=[self.ref.pid], everything=os.getpid() == 1)
             t = _perf_counter()
             ref_ms, self.result["ref_runtime_spread"] = self._time(self.ref, check=False)
+            self.measured_ref_ms = ref_ms
             wall["ref_timing"] = round(_perf_counter() - t, 3)
         if req.device.startswith("cuda"):  # the judge's share of the task's footprint (admission)
             import torch

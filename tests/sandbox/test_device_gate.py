@@ -110,3 +110,18 @@ async def test_shared_gate_times_alone_and_reruns_a_timeout_alone(sandbox_cfg):
         assert r.wall_s["device_shared"] > 0, r.wall_s
     assert looping.error_kind == "timeout", looping
     assert looping.wall_s.get("reran_alone") == 1.0 and stats["rerun_alone"] == 1, (looping.wall_s, stats)
+
+
+async def test_steps_of_a_task_started_together_time_its_reference_once(sandbox_cfg):
+    """Three answers to one task evaluated at once, before any reference time is known: the first
+    step to reach its timing window times the reference and reports it before the window goes
+    back; the others get that time with their own window and do not time the reference again."""
+    cfg = dataclasses.replace(sandbox_cfg, cpu_run_slots=3, max_concurrent=3)
+    answers = [_LOGGING_ANSWER + f"\n# variant {i}\n" for i in range(3)]
+    task = ADD + "\n# a task of its own: no reference time cached by an earlier test\n"
+    async with EvalPool(cfg) as pool:
+        results = await asyncio.gather(*[pool.evaluate(task, a, "cpu") for a in answers])
+    assert all(r.correct and r.timed for r in results), results
+    assert sum("ref_timing" in r.wall_s for r in results) == 1, [r.wall_s for r in results]
+    assert len({r.ref_runtime_ms for r in results}) == 1, [r.ref_runtime_ms for r in results]
+    assert all(r.speedup == r.ref_runtime_ms / r.new_runtime_ms for r in results)
