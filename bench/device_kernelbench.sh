@@ -12,7 +12,9 @@
 # Each part stops launching evaluations at its share of the budget and waits --drain-s for those in
 # flight; what it did not run is listed in its JSON ("not_run", "cancelled") and the .md.
 # KB_SETS replaces the sandbox overrides below (space-separated key=value); KB_MAXC the evaluations in flight;
-# KB_ARGS more bench.kernelbench arguments (e.g. --estimate-without-peak for an A/B of the admission estimate).
+# KB_ARGS more bench.kernelbench arguments (e.g. --estimate-without-peak for an A/B of the admission estimate;
+# --answers-per-task 4: four distinct answers to each task launched together, the RL loop's regime,
+# where a task's reference time and footprint are measured once for its group).
 set -u
 budget=${1:-480}
 parts=${2:-selftest answers}
