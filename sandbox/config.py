@@ -46,7 +46,7 @@ class EvalConfig:
     cpu_run_slots: int | None = MISSING    # cpu backend: run steps sharing the host for correctness (null: no gate)
     gpu_memory_share: float = MISSING      # share of a GPU's memory run steps may reserve at once (0: one step at a time)
     gpu_context_bytes: int = MISSING       # device memory of one process's CUDA context (footprints add three)
-    gpu_warm_steps: int = MISSING          # run steps per GPU that may start CUDA while waiting for admission (room kept out of the budget)
+    gpu_warm_steps: int = MISSING          # the first N steps waiting for a GPU start CUDA before admission (room kept out of the budget)
     admission_overtake_s: float = MISSING  # a step that fits may pass earlier ones that do not while they waited less (0: strict order)
     block_network: bool = MISSING          # own network namespace where the OS allows it
     restrict_writes: bool = MISSING        # Landlock: writes only to the evaluation's own dirs

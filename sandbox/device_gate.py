@@ -5,12 +5,14 @@ A run step's life on its device (docs/sandbox.md, "The device gate"):
 
 1. ``admit``: it reserves its task's footprint (bytes of device memory, measured by the task's
    first step) before any of its processes allocates on the device; the reservations never add up
-   past the budget, so no step pushes another out of memory. While it waits, a step holding one of
-   the gate's ``warm_slots`` tickets (``try_warm``) already starts its CUDA contexts; the pool
-   keeps that room (three contexts a ticket) out of the budget, so contexts started before
-   admission are counted too (on an 80 GB GPU, twelve waiting steps' uncounted contexts pushed
-   newly starting ones out of memory). A step whose footprint is not known yet
-   (a task's first step, a step re-run after a failure while sharing) is admitted *alone*: the
+   past the budget, so no step pushes another out of memory. The first ``warm_slots`` steps in the
+   admission queue are told to *warm* (start their CUDA contexts, no answer code yet) while they
+   wait, so that their held window does not wait for CUDA; the pool keeps that room (three contexts
+   a step) out of the budget, so contexts started before admission are counted too (on an 80 GB
+   GPU, twelve waiting steps' uncounted contexts pushed newly starting ones out of memory). A
+   step's place in the queue only moves forward, so no more than ``warm_slots`` are warm at once.
+   A step whose footprint is not known yet and has no estimate, or a step re-run after a failure
+   while sharing, is admitted *alone*: the
    whole budget, exclusive from the start, as the first protocol held a GPU. Admission is in
    arrival order, but a step that fits may go ahead of earlier ones that do not fit yet, as long
    as each of those has waited less than ``overtake_s`` (so a large footprint at the head does not
@@ -47,6 +49,8 @@ class Grant:
     freeze: Callable[[bool], None] | None = None   # stop (True) / resume (False) the step's processes
     state: str = ADMITTED
     overlapped: bool = False       # another step held a reservation on the device at the same time
+    warm: Callable[[], None] | None = None   # tell the step to start CUDA while it waits
+    warmed: bool = False
     frozen: bool = False
     queued_at: float = dataclasses.field(default_factory=time.monotonic)  # when it asked for admission
 
@@ -56,8 +60,8 @@ class DeviceGate:
         if budget < 1:
             raise ValueError(f"device gate budget {budget}: expected at least 1")
         self.token, self.budget, self.overtake_s = token, int(budget), float(overtake_s)
-        # steps that may start CUDA before admission (their contexts' room is not in ``budget``)
-        self.warm_slots, self.warming = int(warm_slots), 0
+        # waiting steps (the queue's first) told to start CUDA: their contexts' room is not in ``budget``
+        self.warm_slots = int(warm_slots)
         self.reserved = 0
         self.holders: list[Grant] = []      # admitted and not yet released
         self._admit_queue: list[Grant] = []
@@ -76,21 +80,27 @@ class DeviceGate:
 
     # --- the step's life -----------------------------------------------------------------------
 
-    async def admit(self, need: int | None, freeze: Callable[[bool], None] | None = None) -> Grant:
+    async def admit(self, need: int | None, freeze: Callable[[bool], None] | None = None,
+                    warm: Callable[[], None] | None = None) -> Grant:
         """Reserve ``need`` units (None, or more than the budget: the whole device, alone). In
         arrival order, but for requests that fit going ahead of earlier ones that do not, each of
-        which has waited less than ``overtake_s``."""
+        which has waited less than ``overtake_s``. ``warm`` is called (at most once) if the step
+        must wait while it is among the queue's first ``warm_slots``."""
         alone = need is None or need >= self.budget
-        grant = Grant(self.budget if alone else max(int(need), 0), alone, freeze)
+        grant = Grant(self.budget if alone else max(int(need), 0), alone, freeze, warm=warm)
         async with self._cond:
             self._admit_queue.append(grant)
             try:
+                if not self._may_admit(grant):
+                    self._warm_next()
                 await self._cond.wait_for(lambda: self._may_admit(grant))
             except BaseException:
                 self._admit_queue.remove(grant)
+                self._warm_next()
                 self._cond.notify_all()
                 raise
             self._admit_queue.remove(grant)
+            self._warm_next()
             self.reserved += grant.need
             if self.holders:
                 grant.overlapped = True
@@ -117,18 +127,12 @@ class DeviceGate:
                 return False
         return False
 
-    def try_warm(self) -> bool:
-        """A ticket to start CUDA (contexts only, no answer code, no data) before admission, at most
-        ``warm_slots`` at once. It never waits: a step without one starts CUDA once admitted, inside
-        its reservation. The ticket goes back at admission (``end_warm``), when its contexts become
-        part of the step's reserved footprint, or when the step ends unadmitted."""
-        if self.warming >= self.warm_slots:
-            return False
-        self.warming += 1
-        return True
-
-    def end_warm(self) -> None:
-        self.warming = max(self.warming - 1, 0)
+    def _warm_next(self) -> None:
+        """Tell the queue's first ``warm_slots`` steps that have not been told yet to start CUDA."""
+        for g in self._admit_queue[:self.warm_slots]:
+            if not g.warmed and g.warm is not None:
+                g.warmed = True
+                g.warm()
 
     async def shared(self, grant: Grant) -> None:
         """Enter the shared section (an alone grant already holds the device)."""
@@ -228,9 +232,7 @@ async def serve_gate(sock: Any, gate: DeviceGate, need: int | None, limit_s: flo
                 if need == -1:
                     fp = msg.get("footprint")
                     need = estimate(fp) if isinstance(fp, dict) else None
-                grant = clock["grant"] = await gate.admit(need, freeze)
-                if clock.pop("warm", False):  # its contexts are inside its reservation now
-                    gate.end_warm()
+                grant = clock["grant"] = await gate.admit(need, freeze, lambda: writer.write(b'{"warm": true}\n'))
                 await gate.shared(grant)
                 clock["admitted"] = now = time.monotonic()
                 clock["deadline"] = now + limit_s

@@ -13,7 +13,7 @@ import json
 import os
 import select
 import time
-from typing import Any
+from typing import Any, Callable
 
 
 class Gate:
@@ -25,12 +25,20 @@ class Gate:
         # time was known do not each time the reference again
         self.ref_ms: float | None = None
 
-    def wait(self, footprint: dict[str, int] | None = None) -> tuple[float, Any]:
+    def wait(self, footprint: dict[str, int] | None = None,
+             warm: Callable[[], None] | None = None) -> tuple[float, Any]:
         """Admission and the shared section: (seconds spent waiting, the granted device index or None).
-        ``footprint``: the task's meta-device bytes, which the pool admits on until it has measured."""
+        ``footprint``: the task's meta-device bytes, which the pool admits on until it has measured.
+        ``warm``: called when the pool says, before admission, that this step is among the next to
+        be admitted (start CUDA now, so that the held window does not wait for it)."""
         t = time.monotonic()
-        grant = self._ask({"ready": True, "footprint": footprint})
-        return time.monotonic() - t, grant.get("device")
+        self._send({"ready": True, "footprint": footprint})
+        while True:
+            reply = self._read()
+            if not reply.get("warm") or "device" in reply:
+                return time.monotonic() - t, reply.get("device")
+            if warm is not None:
+                warm()
 
     def exclusive(self) -> float:
         """The device alone (the shared section given back first); seconds spent waiting."""
@@ -55,6 +63,10 @@ class Gate:
 
     def _ask(self, msg: dict[str, Any]) -> dict[str, Any]:
         self._send(msg)
+        return self._read()
+
+    def _read(self) -> dict[str, Any]:
+        """The pool's next message (a line), {} when the socket closed."""
         while self.fd >= 0 and b"\n" not in self.buf:
             select.select([self.fd], [], [])
             chunk = os.read(self.fd, 4096)

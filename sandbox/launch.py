@@ -94,9 +94,7 @@ class Launcher:
             isolation=Isolation(network=cfg.block_network, writes=cfg.restrict_writes, pids=cfg.pid_namespace,
                                 drop=list(drop), shm_bytes=cfg.shm_bytes, cpus=self.cpu_set(cfg),
                                 dir_bytes=cfg.max_build_dir_bytes, dir_files=cfg.max_build_dir_files),
-            gated=gate is not None,
-            # CUDA may start before admission only on a ticket: its room is kept out of the budget
-            warm=gate is not None and mode == "run" and visible is not None and gate.try_warm())
+            gated=gate is not None)
         marker = f"{eval_id}-{mode}-{uuid.uuid4().hex[:6]}"
         extra = {"HOME": str(workdir), "TMPDIR": str(workdir / "tmp"), "TORCH_EXTENSIONS_DIR": str(build_dir),
                  "MAX_JOBS": str(cfg.max_jobs), "OMP_NUM_THREADS": str(cfg.cpu_threads),
@@ -138,8 +136,6 @@ class Launcher:
         except OSError as exc:
             if gate_ours is not None:
                 gate_ours.close()
-            if step.warm:
-                gate.end_warm()  # type: ignore[union-attr]
             return StepOutcome(None, detail=f"could not start the worker: {exc}")
         finally:
             for sock in (theirs, gate_theirs):
@@ -153,7 +149,7 @@ class Launcher:
         data: dict[str, Any] | None = None
         untagged = 0
         # the gate's server moves the deadline (waits are not run time) and records the grant and its times
-        clock: dict[str, Any] = {"deadline": time.monotonic() + limit_s, "warm": step.warm}
+        clock: dict[str, Any] = {"deadline": time.monotonic() + limit_s}
         served = None
         if gate is not None and gate_ours is not None:
             served = asyncio.ensure_future(serve_gate(gate_ours, gate, need, limit_s, clock,
@@ -196,8 +192,6 @@ class Launcher:
             await asyncio.to_thread(sweep.wait_gone, marker)
             if served is not None:
                 await asyncio.gather(served, return_exceptions=True)  # cancelled above: gone before release
-            if clock.pop("warm", False):  # never admitted: its ticket goes back with its processes
-                gate.end_warm()  # type: ignore[union-attr]
             grant: Grant | None = clock.get("grant")
             if grant is not None:
                 await gate.release(grant)  # type: ignore[union-attr]

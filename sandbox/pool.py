@@ -370,10 +370,11 @@ class EvalPool:
 
 
 def gpu_gate_budget(memory: int, cfg: EvalConfig) -> tuple[int, int]:
-    """A GPU gate's admission budget and warm tickets: ``gpu_memory_share`` of the GPU's memory,
-    less the room of the CUDA contexts (three a step) that ``gpu_warm_steps`` waiting steps start
-    before admission. Share 0 (or an unknown size): budget 1 and no tickets, so every step is
-    admitted alone (the whole GPU, exclusive from the start) and touches it only then."""
+    """A GPU gate's admission budget and warm slots: ``gpu_memory_share`` of the GPU's memory,
+    less the room of the CUDA contexts (three a step) that the ``gpu_warm_steps`` steps at the head
+    of its admission queue start before admission. Share 0 (or an unknown size): budget 1 and no
+    warm slots, so every step is admitted alone (the whole GPU, exclusive from the start) and
+    touches it only then."""
     warm = cfg.gpu_warm_steps if cfg.gpu_memory_share > 0 and memory > 0 else 0
     budget = int(memory * cfg.gpu_memory_share) - warm * 3 * cfg.gpu_context_bytes
     return max(budget, 1), warm

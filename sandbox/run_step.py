@@ -9,6 +9,7 @@ from typing import Any
 
 from sandbox import checks, share, sweep
 from sandbox.gate import Gate
+from sandbox.input_sets import InputSets
 from sandbox.judge import Lost, Runner
 from sandbox.wire import MARKER, RUNNER_FLAGS, Forged, StepRequest, reported_failure
 
@@ -18,7 +19,7 @@ _MAX_POISON = 8 << 30   # NaN-filled memory freed before a candidate call: outpu
 _WARM_S = 0.05          # seconds of the judge's own GPU work before each timing loop
 
 
-class RunStep:
+class RunStep(InputSets):
     """Correctness and timing of one answer (docs/sandbox.md, "One run step")."""
 
     def __init__(self, req: StepRequest, gate: Gate | None):
@@ -68,13 +69,8 @@ class RunStep:
 
         req, wall = self.req, self.result["wall_s"]
         prep_deadline = time.monotonic() + float(req.timeout_s)
-        if req.starts_cuda_early():
-            try:
-                import torch  # CUDA starts here too while the runners start theirs, before the grant
-
-                torch.empty(1, device=req.device)
-            except Exception:  # noqa: BLE001 - CUDA starts again after admission, inside the reservation
-                pass
+        if req.starts_cuda_early():  # no gate: the GPU is this step's; CUDA starts here as in the runners
+            self._start_cuda()
         for r in (self.ref, self.cand):
             msg, _ = r.reply("ready", prep_deadline)
             if r is self.cand:  # sent before any answer code was imported there
@@ -83,7 +79,7 @@ class RunStep:
                     if isinstance(reported, list) else []
         device = None
         if self.gate is not None:
-            waited, device = self.gate.wait(self._footprint())
+            waited, device = self.gate.wait(self._footprint(), self._warm)
             wall["device_wait"] = round(waited, 3)
         if device is not None and req.device.startswith("cuda"):
             os.environ["CUDA_VISIBLE_DEVICES"] = str(device)
@@ -143,6 +139,31 @@ class RunStep:
             protocol.speedup_flags(speedup, float(req.excessive_speedup_threshold))))
         return self.result
 
+    def _start_cuda(self) -> None:
+        try:
+            import torch
+
+            torch.empty(1, device=self.req.device)
+        except Exception:  # noqa: BLE001 - CUDA starts again once admitted, inside the reservation
+            pass
+
+    def _warm(self) -> None:
+        """The gate's word, while this step waits for admission, that it is among the next to be
+        admitted: CUDA starts in the judge and both runners now (trusted code: no answer is imported
+        before admission), in the room the gate keeps for it, not inside the held window."""
+        t, deadline = _perf_counter(), time.monotonic() + 120.0
+        for r in (self.ref, self.cand):  # all three at once (a runner on the host has nothing to start)
+            r._refuse_unasked()
+            r.chan.send({"op": "warm"})
+        if self.req.device.startswith("cuda") and os.environ.get("CUDA_VISIBLE_DEVICES"):
+            self._start_cuda()
+        for r in (self.ref, self.cand):
+            try:
+                r.reply("warm", deadline)
+            except Lost as lost:  # before any answer code: never the answer's failure
+                raise Lost("sandbox_error", f"{r.role} runner, starting CUDA: {lost.message}", "load") from None
+        self.result["wall_s"]["warm"] = round(_perf_counter() - t, 3)
+
     def _footprint(self) -> dict[str, int] | None:
         """The task's footprint on the meta device (trusted task code, no answer imported yet): what
         the pool admits the step on until a step of the task has measured its peaks."""
@@ -159,11 +180,6 @@ class RunStep:
         sets = 1 if fp.input_bytes > _BIG_INPUTS else int(self.req.timing_input_sets)
         return {"input_bytes": fp.input_bytes, "param_bytes": fp.param_bytes, "output_bytes": fp.output_bytes,
                 "peak_bytes": fp.peak_bytes, "input_sets": sets}
-
-    def _spent(self, part: str, since: float) -> None:
-        """Add the seconds since ``since`` to ``wall_s["part_<part>"]``: where a held window goes."""
-        wall = self.result["wall_s"]
-        wall[f"part_{part}"] = round(wall.get(f"part_{part}", 0.0) + _perf_counter() - since, 4)
 
     def _round_trip_ms(self, n: int = 7) -> float:
         """Median milliseconds of a bare call to the reference runner (no forward, no outputs): the
@@ -185,76 +201,6 @@ class RunStep:
             if kind is not None:  # the reference's own failure: the task's fault, never the answer's
                 raise Lost(kind, f"reference: {error}", "load")
             raise Lost(k, error, stage)
-
-    # --- inputs -------------------------------------------------------------------------------
-
-    def _make_set(self, k: int, runners: list[Runner]) -> dict[str, Any]:
-        """One input buffer set, drawn on the device and shared with ``runners``."""
-        from sandbox import protocol
-
-        req = self.req
-        try:
-            values = protocol.make_inputs(self.task, int(req.seed) + 1, req.device)
-        except Exception as exc:  # noqa: BLE001
-            raise Lost("reference_error", f"get_inputs(): {protocol.describe_exception(exc)}", "correctness")
-        keep, fds = [], []
-        if req.device == "cpu":
-            import torch
-
-            bufs, descs = [], []
-            for v in values:
-                if isinstance(v, torch.Tensor):
-                    buf, fd, m = share.shared_cpu_buffer(v)
-                    keep.append(m)
-                    fds.append(fd)
-                    bufs.append(buf)
-                    descs.append(share.input_descriptor(buf, len(fds) - 1))
-                else:
-                    bufs.append(v)
-                    descs.append(share.export([v])[0][0])
-        else:
-            bufs = values
-            descs, fds = share.export(bufs)
-        regions = share.regions_of(descs, fds)
-        for r in runners:
-            msg, _ = r.ask("inputs", self.deadline, fds=fds, set=k, tensors=descs)
-            if not msg["ok"]:
-                kind, stage, error = reported_failure(msg, "correctness")
-                raise Lost("reference_error" if r is self.ref else kind, f"{r.role} inputs: {error}", stage)
-        for fd in fds:
-            os.close(fd)
-        return {"id": k, "values": bufs, "regions": regions, "keep": keep, "seed": None}
-
-    def _fill(self, s: dict[str, Any], seed: int) -> None:
-        """New values in the buffers of set ``s``, drawn from ``seed`` (outside any timed window)."""
-        import torch
-
-        from sandbox import protocol
-
-        t = _perf_counter()
-        fresh = protocol.make_inputs(self.task, seed, self.req.device)
-        for i, (buf, v) in enumerate(zip(s["values"], fresh)):
-            if isinstance(buf, torch.Tensor):
-                if not isinstance(v, torch.Tensor) or v.shape != buf.shape or v.dtype != buf.dtype:
-                    raise Lost("reference_error", f"get_inputs() input {i} changes shape or type between seeds",
-                               "correctness")
-                buf.copy_(v)
-            elif buf != v:
-                raise Lost("reference_error", f"get_inputs() input {i} changes value between seeds", "correctness")
-        del fresh
-        protocol.synchronize(self.req.device)
-        s["seed"] = seed
-        self._spent("fill", t)
-
-    def _untouched(self, s: dict[str, Any], stage: str) -> None:
-        """The candidate's inputs still equal the check set's fresh draw from their seed: nothing was
-        changed in place."""
-        import torch
-
-        for i, (buf, p) in enumerate(zip(s["values"], self.check_set["values"])):
-            if isinstance(buf, torch.Tensor) and not checks.same(buf, p):
-                raise Lost("rule_violation", f"input {i} was modified in place by the candidate", stage,
-                           ("input_modified",))
 
     # --- calls --------------------------------------------------------------------------------
 

@@ -109,6 +109,13 @@ def _handle(role: str, req: StepRequest, task: Any, op: str, msg: dict[str, Any]
         return {"ok": True}, []
     if op == "ping":  # the judge's measure of a bare round trip (no forward, no outputs)
         return {"ok": True}, []
+    if op == "warm":  # the gate's word that this step is among the next admitted: CUDA starts now
+        if req.device.startswith("cuda") and state["model"] is None:  # trusted code: no answer imported yet
+            try:
+                torch.empty(1, device=req.device)
+            except Exception:  # noqa: BLE001 - the load that follows starts it again and reports it
+                pass
+        return {"ok": True}, []
     if op == "inputs":
         opened = share.import_all(msg.get("tensors"), fds, req.device, require_sealed=False)
         state["inputs"][int(msg.get("set", 0))] = opened

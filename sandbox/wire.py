@@ -75,7 +75,6 @@ class StepRequest:
     read_roots: list[str] = field(default_factory=list)  # extra readable dirs (pch, narrow headers)
     output_tail_bytes: int = 8192
     gated: bool = False            # wait for the pool's word before touching the device
-    warm: bool = False             # gated, but may start CUDA (contexts only) while waiting: a gate ticket
     gate_fd: int | None = None     # socket to the pool's device gate (the judge keeps it alone)
     key_fd: int | None = None      # socket holding the result key (the outer process reads it)
 
@@ -83,11 +82,11 @@ class StepRequest:
         return json.dumps(dataclasses.asdict(self)).encode() + b"\n"
 
     def starts_cuda_early(self) -> bool:
-        """Whether this step's processes start CUDA before the device is theirs: a GPU already given
-        (CUDA_VISIBLE_DEVICES), and no gate or a gate's warm ticket (the gate's room for contexts
-        started while waiting; without one, CUDA starts only once the step is admitted)."""
-        return self.device.startswith("cuda") and bool(os.environ.get("CUDA_VISIBLE_DEVICES")) \
-            and (self.warm or not self.gated)
+        """Whether this step's processes start CUDA as they start: a GPU already given
+        (CUDA_VISIBLE_DEVICES) and no gate. A gated step starts CUDA when its gate says ``warm``
+        (one of the next steps to be admitted: the gate keeps room for their contexts) or, failing
+        that, once admitted, inside its reservation."""
+        return self.device.startswith("cuda") and bool(os.environ.get("CUDA_VISIBLE_DEVICES")) and not self.gated
 
     @classmethod
     def from_json(cls, raw: bytes) -> "StepRequest":
@@ -135,6 +134,7 @@ REPLY_KEYS = {
     "load": {"ok", "kind", "error", "stage"},
     "inputs": {"ok", "kind", "error", "stage"},
     "ping": {"ok"},
+    "warm": {"ok"},
     "call": {"ok", "outputs", "kind", "error", "stage", "peak_bytes", "flag"},
 }
 # What a runner may report a failure as: kinds its own process can cause. Anything else reads as

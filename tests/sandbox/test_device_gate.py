@@ -125,3 +125,20 @@ async def test_steps_of_a_task_started_together_time_its_reference_once(sandbox_
     assert sum("ref_timing" in r.wall_s for r in results) == 1, [r.wall_s for r in results]
     assert len({r.ref_runtime_ms for r in results}) == 1, [r.ref_runtime_ms for r in results]
     assert all(r.speedup == r.ref_runtime_ms / r.new_runtime_ms for r in results)
+
+
+async def test_waiting_steps_told_to_warm_answer_it_and_still_score(sandbox_cfg):
+    """The warm exchange end to end (judge, both runners) on the host's gate: one step at a time
+    (budget 1), the next two in the queue told to warm while they wait; each warms in its runners
+    before admission (``wall_s["warm"]``) and scores as it would have."""
+    from sandbox.device_gate import DeviceGate
+
+    cfg = dataclasses.replace(sandbox_cfg, cpu_run_slots=1, max_concurrent=3)
+    answers = [_LOGGING_ANSWER + f"\n# warm {i}\n" for i in range(3)]
+    async with EvalPool(cfg) as pool:
+        pool._cpu_gate = DeviceGate((None, "host"), 1, cfg.admission_overtake_s, warm_slots=2)
+        results = await asyncio.gather(*[pool.evaluate(ADD, a, "cpu") for a in answers])
+    assert all(r.correct and r.timed for r in results), [r.error for r in results]
+    warmed = [r for r in results if "warm" in r.wall_s]
+    assert len(warmed) >= 1, [r.wall_s for r in results]   # the first is admitted at once, never told
+    assert all(r.wall_s["warm"] < r.wall_s["device_wait"] for r in warmed)

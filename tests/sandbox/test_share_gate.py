@@ -21,6 +21,7 @@ class Watch:
         self.max_reserved = max(self.max_reserved, g.reserved)
         assert g.reserved <= g.budget, f"admission over the budget: {g.reserved} > {g.budget}"
         assert sum(h.need for h in g.holders) == g.reserved
+        assert sum(w.warmed for w in g._admit_queue) <= g.warm_slots, "more waiting steps warm than room kept"
         holders = [h for h in g.holders if h.state == EXCLUSIVE]
         assert len(holders) <= 1, "two exclusive windows at once"
         self.max_sharing = max(self.max_sharing, len(g.sharing))
@@ -34,7 +35,7 @@ class Watch:
 
 async def _step(gate: DeviceGate, watch: Watch, need: int | None, rng: random.Random, log: list) -> None:
     frozen_calls: list[bool] = []
-    grant = await gate.admit(need, freeze=frozen_calls.append)
+    grant = await gate.admit(need, freeze=frozen_calls.append, warm=watch.check)  # told to warm: check then too
     watch.check()
     await gate.shared(grant)
     watch.check()
@@ -61,7 +62,7 @@ async def _step(gate: DeviceGate, watch: Watch, need: int | None, rng: random.Ra
 @pytest.mark.parametrize("seed", [0, 1, 2])
 async def test_many_steps_share_within_the_budget_time_alone_and_all_finish(seed):
     rng = random.Random(seed)
-    gate = DeviceGate(("gpu", "9.0"), budget=100)
+    gate = DeviceGate(("gpu", "9.0"), budget=100, warm_slots=3)
     watch, log = Watch(gate), []
     # 60 steps at once, footprints from small to the whole device, some unknown (alone)
     needs = [rng.choice([5, 10, 30, 60, 100, 250, None]) for _ in range(60)]
@@ -156,37 +157,54 @@ async def test_a_step_that_fits_passes_a_young_head_that_does_not_and_never_an_o
     await asyncio.wait_for(asyncio.gather(head, small), 1)
 
 
-async def test_warm_tickets_are_bounded_never_wait_and_go_back():
-    """At most ``warm_slots`` steps start CUDA before admission (their contexts' room is what the
-    pool keeps out of the budget); a step without a ticket is not held back, it starts CUDA later."""
+async def test_the_first_waiting_steps_are_told_to_warm_and_no_more_than_warm_slots():
+    """Steps that must wait are told to start CUDA while they are among the admission queue's
+    first ``warm_slots``; a step admitted at once is never told (its CUDA starts inside its
+    reservation anyway), and a later step is told when the ones ahead of it leave the queue."""
     gate = DeviceGate(("gpu", "9.0"), budget=100, warm_slots=2)
-    assert [gate.try_warm() for _ in range(3)] == [True, True, False]
-    gate.end_warm()
-    assert gate.try_warm() and not gate.try_warm()
-    none = DeviceGate(("gpu", "9.0"), budget=100)
-    assert not none.try_warm()
+    told: list[str] = []
+    first = await gate.admit(100, warm=lambda: told.append("first"))      # fits: admitted, not told
+    waiting = [asyncio.ensure_future(gate.admit(40, warm=lambda n=n: told.append(n))) for n in "abcd"]
+    await asyncio.sleep(0.01)
+    assert told == ["a", "b"]                                             # the queue's first two
+    warm_in_queue = [g for g in gate._admit_queue if g.warmed]
+    assert len(warm_in_queue) == 2
+    await gate.release(first)                                             # a and b fit (80 of 100)
+    await asyncio.sleep(0.01)
+    assert waiting[0].done() and waiting[1].done() and told == ["a", "b", "c", "d"]
+    for w in waiting[:2]:
+        await gate.release(w.result())
+    await asyncio.wait_for(asyncio.gather(*waiting[2:]), 5)
+    assert told.count("c") == 1 and told.count("d") == 1
 
 
-async def test_the_ticket_goes_back_at_admission():
-    """serve_gate hands a warm ticket back once the step is admitted: from then on its contexts
-    are inside its reservation, and another waiting step may start its own."""
-    import json
+async def test_serve_gate_says_warm_before_the_grant():
+    """The pool's end of the socket: a step that waits among the first warm_slots gets
+    {"warm": true} first, then its device once admitted; Gate.wait (the judge's end) calls its
+    warm hook for the first and returns on the second."""
     import socket
+    import threading
 
     from sandbox.device_gate import serve_gate
+    from sandbox.gate import Gate
 
     gate = DeviceGate(("gpu", "9.0"), budget=100, warm_slots=1)
-    assert gate.try_warm()
+    holder = await gate.admit(100)
     ours, theirs = socket.socketpair()
-    clock = {"deadline": 0.0, "warm": True}
+    clock = {"deadline": 0.0}
     served = asyncio.ensure_future(serve_gate(ours, gate, 40, 60.0, clock, lambda on: None, lambda fp: None))
-    reader, writer = await asyncio.open_unix_connection(sock=theirs)
-    writer.write(b'{"ready": true}\n')
-    await writer.drain()
-    reply = json.loads(await asyncio.wait_for(reader.readline(), 5))
-    assert reply == {"device": "gpu"} and gate.reserved == 40
-    assert "warm" not in clock and gate.warming == 0 and gate.try_warm()
-    writer.close()
+    judge, calls, out = Gate(theirs.detach()), [], {}
+    thread = threading.Thread(target=lambda: out.update(r=judge.wait(None, lambda: calls.append("warm"))))
+    thread.start()
+    for _ in range(200):
+        if calls:
+            break
+        await asyncio.sleep(0.01)
+    assert calls == ["warm"] and "grant" not in clock                     # warm before admission
+    await gate.release(holder)
+    await asyncio.to_thread(thread.join, 5)
+    assert out["r"][1] == "gpu" and gate.reserved == 40
+    judge.close()
     await asyncio.wait_for(served, 5)
 
 

@@ -71,7 +71,8 @@ def test_the_run_limit_grows_with_the_tasks_reference_time():
     assert _run_limit(dataclasses.replace(cfg, timing_runs=2 * cfg.timing_runs), 1000.0) > slow
 
 
-def test_cuda_starts_before_admission_only_with_a_ticket_or_without_a_gate(monkeypatch):
+def test_cuda_starts_as_a_step_starts_only_without_a_gate(monkeypatch):
+    """A gated step starts CUDA on its gate's word (or once admitted), never as it starts."""
     import dataclasses
 
     from sandbox.wire import Isolation, Limits, StepRequest
@@ -81,8 +82,7 @@ def test_cuda_starts_before_admission_only_with_a_ticket_or_without_a_gate(monke
                        isolation=Isolation(network=True, writes=True, pids=True))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     assert base.starts_cuda_early()                                        # no gate: the GPU is the step's
-    assert not dataclasses.replace(base, gated=True).starts_cuda_early()   # gated, no ticket: only once admitted
-    assert dataclasses.replace(base, gated=True, warm=True).starts_cuda_early()
+    assert not dataclasses.replace(base, gated=True).starts_cuda_early()
     assert not dataclasses.replace(base, device="cpu").starts_cuda_early()
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")                         # no GPU given yet
-    assert not dataclasses.replace(base, gated=True, warm=True).starts_cuda_early()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")                         # no GPU given
+    assert not base.starts_cuda_early()
