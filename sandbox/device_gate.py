@@ -12,11 +12,11 @@ A run step's life on its device (docs/sandbox.md, "The device gate"):
    GPU, twelve waiting steps' uncounted contexts pushed newly starting ones out of memory). A
    step's place in the queue only moves forward, so no more than ``warm_slots`` are warm at once.
    A step whose footprint is not known yet and has no estimate, or a step re-run after a failure
-   while sharing, is admitted *alone*: the
-   whole budget, exclusive from the start, as the first protocol held a GPU. Admission is in
-   arrival order, but a step that fits may go ahead of earlier ones that do not fit yet, as long
-   as each of those has waited less than ``overtake_s`` (so a large footprint at the head does not
-   leave the device idle behind it, and is never starved: past that, the order is strict).
+   while sharing, is admitted *alone*: the whole budget, exclusive from the start, as the first
+   protocol held a GPU. Admission is in arrival order, but a step that fits may go ahead of
+   earlier ones that do not fit yet, as long as each of those has waited less than ``overtake_s``
+   (so a large footprint at the head does not leave the device idle behind it, and is never
+   starved: past that, the order is strict).
 2. ``shared``: load and correctness; any number of admitted steps at once, none while an exclusive
    window is held or asked for (timing is never starved).
 3. ``exclusive``: timing. Its shared section is given back *before* it waits (two steps that each
