@@ -154,7 +154,10 @@ class RunStep(InputSets):
         t, deadline = _perf_counter(), time.monotonic() + 120.0
         for r in (self.ref, self.cand):  # all three at once (a runner on the host has nothing to start)
             r._refuse_unasked()
-            r.chan.send({"op": "warm"})
+            try:
+                r.chan.send({"op": "warm"})
+            except OSError as exc:  # gone before any answer code ran: the sandbox's failure
+                raise Lost("sandbox_error", f"{r.role} runner gone before admission: {exc!r}", "load") from None
         if self.req.device.startswith("cuda") and os.environ.get("CUDA_VISIBLE_DEVICES"):
             self._start_cuda()
         for r in (self.ref, self.cand):
