@@ -168,6 +168,22 @@ def wall_dist(recs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return {f: dist([r["wall_s"][f] for r in recs if f in r.get("wall_s", {})]) for f in (*WALL_FIELDS, *seen)}
 
 
+def device_use(recs: list[dict[str, Any]]) -> dict[str, float]:
+    """Where the device's time went over the run's span (first start to last end): the share of it
+    inside some step's exclusive window, and how many shared sections ran at once on average
+    outside those windows (sums of each record's windows: they never overlap an exclusive one)."""
+    timed = [r for r in recs if "t_start_s" in r and "wall_s" in r]
+    if not timed:
+        return {}
+    span = max(r["t_end_s"] for r in timed) - min(r["t_start_s"] for r in timed)
+    excl = sum(r["wall_s"].get("device_exclusive", 0.0) for r in timed)
+    shared = sum(r["wall_s"].get("device_shared", 0.0) for r in timed)
+    rest = span - excl
+    return {"span_s": span, "exclusive_share": excl / span if span > 0 else float("nan"),
+            "shared_concurrency": shared / rest if rest > 0 else float("nan"),
+            "exclusive_s_per_eval": excl / len(timed)}
+
+
 def failures(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"task": r["task"], "verdict": r["verdict"], "error_kind": r.get("error_kind"),
              "input_GB": round(r["input_bytes"] / 1e9, 2) if r.get("input_bytes") is not None else None,
@@ -203,6 +219,7 @@ async def selftest(args: argparse.Namespace, recs: list[dict[str, Any]], deadlin
             "target_median_speedup_0.9_1.1": "n/a" if not speed else
             ("met" if TARGETS["speedup_lo"] <= med <= TARGETS["speedup_hi"] else "MISSED"),
             "wall_s": wall_dist(evaluated), "phase_wall_s": wall, "wall_s_by_level": by_level,
+            "device_use": device_use(evaluated),
             "evals_per_min": rate,
             "target_evals_per_min_ge_30": "met" if rate >= TARGETS["evals_per_min"] else "MISSED",
             "target_held_p50_level1_le_1.5s": "n/a" if held_l1 != held_l1 else
@@ -369,6 +386,10 @@ def print_report(result: dict[str, Any], max_rows: int = 40) -> None:
                 {"metric": "evals/min", "value": fmt(s["evals_per_min"]),
                  "target": f">= 30: {s['target_evals_per_min_ge_30']}"},
                 {"metric": "re-run alone (timeout/OOM while sharing)", "value": str(s["reran_alone"]), "target": ""},
+                {"metric": "device: exclusive share of span / shared at once / exclusive s per eval",
+                 "value": "/".join(fmt(s.get("device_use", {}).get(k, float("nan")))
+                                   for k in ("exclusive_share", "shared_concurrency", "exclusive_s_per_eval")),
+                 "target": ""},
                 {"metric": "not run (budget) / cancelled", "value": f"{len(s['not_run'])} / {len(s['cancelled'])}",
                  "target": ""}]
         for level, fields in s["wall_s_by_level"].items():

@@ -93,3 +93,13 @@ def test_answers_per_task_launches_a_group_of_distinct_answers_to_each_task(kb_r
     assert sum("ref_timing" in r["wall_s"] for r in recs.values()) <= 1
     assert len({r["ref_ms"] for r in recs.values()}) == 1
     assert data["summary"]["pool_stats"]["evaluations"] == 3
+
+
+def test_device_use_splits_the_span_into_exclusive_windows_and_shared_sections():
+    """Two steps over 10 s: windows of 2 s and 3 s (half the span), shared sections of 4 s and 6 s in
+    the other 5 s (two at once on average)."""
+    recs = [{"t_start_s": 0.0, "t_end_s": 6.0, "wall_s": {"device_exclusive": 2.0, "device_shared": 4.0}},
+            {"t_start_s": 1.0, "t_end_s": 10.0, "wall_s": {"device_exclusive": 3.0, "device_shared": 6.0}}]
+    use = kernelbench.device_use(recs)
+    assert use == {"span_s": 10.0, "exclusive_share": 0.5, "shared_concurrency": 2.0, "exclusive_s_per_eval": 2.5}
+    assert kernelbench.device_use([]) == {}
