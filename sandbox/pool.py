@@ -342,9 +342,9 @@ class EvalPool:
                 caps = dict(found)
                 found = [(i, caps.get(i, "")) for i in self.cfg.gpu_ids]
             self._gpus = found
+            sizes = devices.gpu_memory() if self.cfg.gpu_memory_share > 0 else {}  # one nvidia-smi for all
             for g in found:
-                memory = devices.gpu_memory().get(g[0], 0) if self.cfg.gpu_memory_share > 0 else 0
-                budget, warm = gpu_gate_budget(memory, self.cfg)
+                budget, warm = gpu_gate_budget(sizes.get(g[0], 0), self.cfg)
                 self._gpu_gates[g[0]] = DeviceGate(g, budget, self.cfg.admission_overtake_s, warm)
         return self._gpus
 

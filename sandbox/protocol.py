@@ -198,6 +198,18 @@ def _chunks(total: int, size: int) -> list[int]:
     return [min(size, total - i) for i in range(0, total, size)]
 
 
+def start_cuda(device: str) -> None:
+    """Start CUDA on ``device`` (its context and a first block), where it is a GPU: the judge and
+    the runners do this before any answer is imported, so that the held window need not. A failure
+    is left to what follows (the load starts CUDA again and reports it)."""
+    if not device.startswith("cuda"):
+        return
+    try:
+        torch.empty(1, device=device)
+    except Exception:  # noqa: BLE001 - reported by the next use of the device
+        pass
+
+
 def synchronize(device: str) -> None:
     if device.startswith("cuda"):
         _cuda_synchronize()  # the whole device: work the candidate queued on side streams included

@@ -70,7 +70,7 @@ class RunStep(InputSets):
         req, wall = self.req, self.result["wall_s"]
         prep_deadline = time.monotonic() + float(req.timeout_s)
         if req.starts_cuda_early():  # no gate: the GPU is this step's; CUDA starts here as in the runners
-            self._start_cuda()
+            protocol.start_cuda(req.device)
         for r in (self.ref, self.cand):
             msg, _ = r.reply("ready", prep_deadline)
             if r is self.cand:  # sent before any answer code was imported there
@@ -139,14 +139,6 @@ class RunStep(InputSets):
             protocol.speedup_flags(speedup, float(req.excessive_speedup_threshold))))
         return self.result
 
-    def _start_cuda(self) -> None:
-        try:
-            import torch
-
-            torch.empty(1, device=self.req.device)
-        except Exception:  # noqa: BLE001 - CUDA starts again once admitted, inside the reservation
-            pass
-
     def _warm(self) -> None:
         """The gate's word, while this step waits for admission, that it is among the next to be
         admitted: CUDA starts in the judge and both runners now (trusted code: no answer is imported
@@ -158,8 +150,10 @@ class RunStep(InputSets):
                 r.chan.send({"op": "warm"})
             except OSError as exc:  # gone before any answer code ran: the sandbox's failure
                 raise Lost("sandbox_error", f"{r.role} runner gone before admission: {exc!r}", "load") from None
-        if self.req.device.startswith("cuda") and os.environ.get("CUDA_VISIBLE_DEVICES"):
-            self._start_cuda()
+        if os.environ.get("CUDA_VISIBLE_DEVICES"):
+            from sandbox import protocol
+
+            protocol.start_cuda(self.req.device)
         for r in (self.ref, self.cand):
             try:
                 r.reply("warm", deadline)

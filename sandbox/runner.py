@@ -23,12 +23,9 @@ def run(role: str, req: StepRequest, task: Any, sock: socket.socket, confined: l
     if req.starts_cuda_early():
         # the GPU this step was given: CUDA starts here while the step waits for its turn (trusted
         # code still: the answer is imported only once the step holds the GPU)
-        try:
-            import torch
+        from sandbox import protocol
 
-            torch.empty(1, device=req.device)
-        except Exception:  # noqa: BLE001 - the load that follows reports it
-            pass
+        protocol.start_cuda(req.device)
     # The device-wide synchronise that ends every call, held here as a local of this frame before the
     # answer is imported: an answer that rebinds sandbox.protocol.synchronize or torch.cuda.synchronize
     # (red team A33: its reply came before its queued GPU work ended, and the judge's clock missed the
@@ -110,11 +107,8 @@ def _handle(role: str, req: StepRequest, task: Any, op: str, msg: dict[str, Any]
     if op == "ping":  # the judge's measure of a bare round trip (no forward, no outputs)
         return {"ok": True}, []
     if op == "warm":  # the gate's word that this step is among the next admitted: CUDA starts now
-        if req.device.startswith("cuda") and state["model"] is None:  # trusted code: no answer imported yet
-            try:
-                torch.empty(1, device=req.device)
-            except Exception:  # noqa: BLE001 - the load that follows starts it again and reports it
-                pass
+        if state["model"] is None:  # trusted code: no answer imported yet
+            protocol.start_cuda(req.device)
         return {"ok": True}, []
     if op == "inputs":
         opened = share.import_all(msg.get("tensors"), fds, req.device, require_sealed=False)
