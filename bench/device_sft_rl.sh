@@ -26,6 +26,14 @@ SFT_LR=${SFT_LR:-3e-4} RL_LR=${RL_LR:-2e-5} STEPS=${STEPS:-8} LIMIT=${LIMIT:-520
 # 16 cores: the warm start's corpus answers and each step's new ones build 8 at a time (the
 # default 2 x 4 jobs took 118 s for the 4 corpus answers on the H100, 2026-12-05)
 COMPILE_WORKERS=${COMPILE_WORKERS:-8}
+# vLLM: the model's positions (8192) bound the engine's length (vllm.yaml's 32768 is for
+# Qwen2.5-sized runs); the engine and the trainer take 0.25 and 0.30 of the GPU, and the kernel
+# evaluations the rest less a margin (sandbox.gpu_memory_share 0.42, set by pipeline.main)
+engine_args=()
+if [ "$ROLLOUT" = vllm ]; then
+  engine_args=(rollout.engine.vllm.max_model_len=8192 resources.sampler.gpu_memory_fraction=0.25
+               resources.trainer.gpu_memory_fraction=0.3)
+fi
 run=/tmp/sft_rl_run
 rm -rf "$run"
 # the curve so far reaches $OUT every 15 s: a call cut by its own limit (or a machine taken back
@@ -40,7 +48,7 @@ timeout -k 15 "$LIMIT" python3 -m pipeline.main +experiment=kernel_multiturn pro
   model.warm_start_dir=/tmp/warm_start sandbox.cache_dir=/tmp/sft_rl_build_cache \
   sandbox.compile_workers=$COMPILE_WORKERS sandbox.max_jobs=2 \
   trainer.optim.lr=$RL_LR pipeline.steps=$STEPS logger=console name=sft_rl hydra.run.dir=$run \
-  "$@" >"$out/sft_rl.log" 2>&1
+  "${engine_args[@]}" "$@" >"$out/sft_rl.log" 2>&1
 rc=$?
 kill "$copier" 2>/dev/null
 echo "sft_rl rc=$rc"

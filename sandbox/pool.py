@@ -375,8 +375,12 @@ def gpu_gate_budget(memory: int, cfg: EvalConfig) -> tuple[int, int]:
     of its admission queue start before admission. Share 0 (or an unknown size): budget 1 and no
     warm slots, so every step is admitted alone (the whole GPU, exclusive from the start) and
     touches it only then."""
+    room = int(memory * cfg.gpu_memory_share)
     warm = cfg.gpu_warm_steps if cfg.gpu_memory_share > 0 and memory > 0 else 0
-    budget = int(memory * cfg.gpu_memory_share) - warm * 3 * cfg.gpu_context_bytes
+    # where the share is small (a GPU shared with an engine and a trainer), warm contexts may take
+    # at most half of it: the rest is for the footprints that admission counts
+    warm = min(warm, room // (2 * 3 * cfg.gpu_context_bytes)) if warm else 0
+    budget = room - warm * 3 * cfg.gpu_context_bytes
     return max(budget, 1), warm
 
 

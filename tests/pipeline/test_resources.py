@@ -77,3 +77,45 @@ def test_placement_groups_on_logical_gpus(ray_local):
     finally:
         if pools is not None:
             pools.remove()
+
+
+def test_evaluations_on_the_samplers_gpu_keep_out_of_the_pools_memory():
+    """Where kernels are timed on the sampler's own GPU, the sandbox's share is what the engine and
+    a colocated trainer leave (less 0.03 for their contexts), never its own default 0.9."""
+    from pipeline.resources import evaluator_memory_share
+
+    one_gpu = resources(**{"sampler.gpus": 1, "trainer.gpus": 1, "sampler.gpu_memory_fraction": 0.4,
+                           "trainer.gpu_memory_fraction": 0.45})
+    share, why = evaluator_memory_share(one_gpu, True, "vllm", 0.85, 0.9)
+    assert share == pytest.approx(0.12) and "sampler.gpu_memory_fraction=0.4" in why
+    # the HF engine colocated: its fraction caps it the same way
+    assert evaluator_memory_share(one_gpu, True, "hf", 0.85, 0.9)[0] == pytest.approx(0.12)
+    split = resources(**{"sampler.gpus": 1, "trainer.gpus": 1})
+    assert evaluator_memory_share(split, False, "vllm", 0.85, 0.9)[0] == pytest.approx(0.12)
+    assert evaluator_memory_share(split, False, "hf", 0.85, 0.9) is None   # HF alone: no share fixed
+    own = resources(**{"sampler.gpus": 1, "trainer.gpus": 1, "evaluator.gpus": 1})
+    assert evaluator_memory_share(own, False, "vllm", 0.85, 0.9) is None   # GPUs of their own
+    assert evaluator_memory_share(resources(), False, "vllm", 0.85, 0.9) is None  # CPU samplers
+    assert evaluator_memory_share(split, False, "vllm", 0.5, 0.3) is None   # already small enough
+
+
+def test_the_job_lowers_the_sandbox_share_or_stops_naming_the_fractions():
+    from pipeline.config import ConfigError
+    from pipeline.main import leave_room_for_pools
+
+    def job(fs, ft, backend="cuda"):
+        return OmegaConf.create({
+            "env": "kernel", "reward": {"backend": backend}, "sandbox": {"gpu_memory_share": 0.9},
+            "rollout": {"engine": {"type": "vllm", "vllm": {"gpu_memory_utilization": 0.85}}},
+            "resources": OmegaConf.structured(resources(**{
+                "sampler.gpus": 1, "trainer.gpus": 1, "sampler.gpu_memory_fraction": fs,
+                "trainer.gpu_memory_fraction": ft}))})
+
+    cfg = job(0.25, 0.3)
+    leave_room_for_pools(cfg, colocated=True)
+    assert cfg.sandbox.gpu_memory_share == pytest.approx(0.42)
+    cpu = job(0.5, 0.5, backend="cpu")   # C++ kernels never touch the GPU
+    leave_room_for_pools(cpu, colocated=True)
+    assert cpu.sandbox.gpu_memory_share == 0.9
+    with pytest.raises(ConfigError, match="trainer.gpu_memory_fraction=0.5"):
+        leave_room_for_pools(job(0.5, 0.5), colocated=True)

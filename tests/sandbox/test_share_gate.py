@@ -219,3 +219,10 @@ def test_the_gate_budget_keeps_the_warm_steps_contexts_out():
     assert warm == 4 and budget == int(int(79.18 * gib) * 0.9) - 12 * gib
     assert gpu_gate_budget(int(79.18 * gib), load_default_config(gpu_memory_share=0.0)) == (1, 0)
     assert gpu_gate_budget(0, cfg) == (1, 0)   # no size known: alone, nothing started early
+    # 0.07 of a 139.8 GiB H200 (an engine and a trainer hold the rest): 9.8 GiB, room for one warm
+    # step's three contexts within half of it
+    small = load_default_config(gpu_memory_share=0.07, gpu_context_bytes=gib, gpu_warm_steps=4)
+    budget, warm = gpu_gate_budget(int(139.8 * gib), small)
+    assert warm == 1 and budget == int(int(139.8 * gib) * 0.07) - 3 * gib
+    tiny = load_default_config(gpu_memory_share=0.03, gpu_context_bytes=gib, gpu_warm_steps=4)
+    assert gpu_gate_budget(int(139.8 * gib), tiny) == (int(int(139.8 * gib) * 0.03), 0)
