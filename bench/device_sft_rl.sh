@@ -13,7 +13,9 @@
 # (vocabulary 2048: no model hub here), in bf16 on the GPU, and the reward is the real cuda
 # backend at the tasks' full sizes. The SFT runs on the GPU (resources=one_gpu passed to it) at
 # SFT_LR; RL at RL_LR (the tiny model's 1e-4 broke the copied answers at 3e-4; a 24-layer body is
-# given less). Needs the vLLM 0.24 bundle at /tmp/vsite (../shared/tools/DEVICE-VLLM.md) and
+# given less: at 2e-5 the first batch's two Adam steps moved its tokens' log-probs by a KL of
+# 0.057 (the laptop's tiny model at its 1e-4: 0.005) and from the next batch on 94-100 % of the
+# answers were syntax errors, H200 2026-12-05; 5e-6 aims at the laptop's step size). Needs the vLLM 0.24 bundle at /tmp/vsite (../shared/tools/DEVICE-VLLM.md) and
 # .devpkgs at /tmp/site. The SFT step logs to the console (logger=console): .devpkgs' wandb lacks
 # platformdirs, and the warm start's own logger.mode=disabled still imports wandb (its first H200
 # try, 2026-12-04, stopped there). Writes under $OUT: sft_rl.log, metrics.jsonl, episodes (sample) and the
@@ -22,7 +24,7 @@ set -u
 out=${OUT:-/tmp/bench_out}
 mkdir -p "$out"
 . bench/device_env.sh
-SFT_LR=${SFT_LR:-3e-4} RL_LR=${RL_LR:-2e-5} STEPS=${STEPS:-8} LIMIT=${LIMIT:-520} ROLLOUT=${ROLLOUT:-vllm}
+SFT_LR=${SFT_LR:-3e-4} RL_LR=${RL_LR:-5e-6} STEPS=${STEPS:-8} LIMIT=${LIMIT:-520} ROLLOUT=${ROLLOUT:-vllm}
 # 16 cores: the warm start's corpus answers and each step's new ones build 8 at a time (the
 # default 2 x 4 jobs took 118 s for the 4 corpus answers on the H100, 2026-12-05)
 COMPILE_WORKERS=${COMPILE_WORKERS:-8}

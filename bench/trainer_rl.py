@@ -43,7 +43,7 @@ def rl_step(args: Any, arch: dict[str, Any], lengths: list[int], device: torch.d
     trainer_cfg = group(TrainerConfig, "trainer/fsdp2", logprob_chunk_tokens=chunk, compile_layers=lever["compile"],
                         compile_head=lever["chead"],
                         remove_padding=str(lever["layout"] == "packed").lower(), liger=lever["liger"],
-                        gradient_checkpointing=lever["ckpt"])
+                        gradient_checkpointing=lever["ckpt"], gradient_checkpointing_share=lever["ckpt_share"])
     worker = TrainerWorker(0, 1, model_cfg, trainer_cfg, algo,
                            max_response_length=max_resp, temperature=1.0, total_optim_steps=100)
     info = worker.init("127.0.0.1", free_port())
@@ -105,7 +105,8 @@ def rl_step(args: Any, arch: dict[str, Any], lengths: list[int], device: torch.d
 
 
 def rl_label(budget: int, chunk: int, lever: dict[str, Any]) -> str:
-    extras = [k for k in FLAGS if lever.get(k)]
+    share = lever.get("ckpt_share", 1.0)
+    extras = [f"ckpt{round(share * 100)}" if k == "ckpt" and share < 1 else k for k in FLAGS if lever.get(k)]
     return (f"rl_step {lever.get('preset', '')}/{lever['layout']}{''.join('+' + k for k in extras)} "
             f"(budget {budget}, logprob chunk {chunk or 'off'})")
 
@@ -131,7 +132,7 @@ LEVER_SETS = {
 def parse_levers(spec: str, default_preset: str, compiled: bool) -> list[dict[str, Any]]:
     """``--rl-configs`` -> one dict per row (preset, layout, compile, chead, liger, ckpt); liger rows last."""
     if not spec:
-        row = dict(preset=default_preset, layout="padded", **dict.fromkeys(FLAGS, False))
+        row = dict(preset=default_preset, layout="padded", ckpt_share=1.0, **dict.fromkeys(FLAGS, False))
         row["compile"] = compiled
         return [row]
     items = [x for name in spec.split(",") for x in LEVER_SETS.get(name, [name]) if x]
@@ -139,10 +140,14 @@ def parse_levers(spec: str, default_preset: str, compiled: bool) -> list[dict[st
     for item in items:
         preset, _, rest = item.partition("/")
         layout, *flags = (rest or "padded").split("+")
+        # ckptNN: checkpoint the first NN % of the decoder layers (ckpt: all of them)
+        share = [int(f[4:]) / 100 for f in flags if f.startswith("ckpt") and f[4:].isdigit()]
+        flags = ["ckpt" if f.startswith("ckpt") and f[4:].isdigit() else f for f in flags]
         if preset not in PRESETS or layout not in ("padded", "packed") or \
-                set(flags) - set(FLAGS):
+                set(flags) - set(FLAGS) or any(not 0 < x <= 1 for x in share):
             raise SystemExit(f"--rl-configs entry {item!r}: expected PRESET/LAYOUT{''.join(f'[+{f}]' for f in FLAGS)} "
-                             f"with PRESET in {sorted(PRESETS)} and LAYOUT padded or packed, or one of "
+                             f"(ckptNN: the first NN % of the layers) with PRESET in {sorted(PRESETS)} and LAYOUT padded or packed, or one of "
                              f"{sorted(LEVER_SETS)}")
-        out.append(dict(preset=preset, layout=layout, **{f: f in flags for f in FLAGS}))
+        out.append(dict(preset=preset, layout=layout, ckpt_share=share[0] if share else 1.0,
+                        **{f: f in flags for f in FLAGS}))
     return sorted(out, key=lambda lv: lv["liger"])  # stable: the given order within each group

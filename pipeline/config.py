@@ -151,6 +151,9 @@ def check(cfg: Any) -> None:
         errors.append(f"env={cfg.env!r}: expected one of {ENVS}")
     if cfg.trainer.optim.lr <= 0:
         errors.append(f"trainer.optim.lr={cfg.trainer.optim.lr}: expected > 0")
+    if not 0 < cfg.trainer.gradient_checkpointing_share <= 1:
+        errors.append(f"trainer.gradient_checkpointing_share={cfg.trainer.gradient_checkpointing_share}: "
+                      "expected a share of the decoder layers in (0, 1]")
     if not 0 <= cfg.trainer.optim.warmup_ratio < 1:
         errors.append(f"trainer.optim.warmup_ratio={cfg.trainer.optim.warmup_ratio}: expected in [0, 1)")
     # each group's own checks, gathered so one start reports every bad key at once

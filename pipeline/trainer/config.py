@@ -22,6 +22,7 @@ class TrainerConfig:
     param_dtype: str = MISSING      # auto | bfloat16 | float32: compute dtype (auto: bf16 on GPU, fp32 on CPU)
     reduce_dtype: str = MISSING     # gradient reduction dtype
     gradient_checkpointing: bool = MISSING
+    gradient_checkpointing_share: float = MISSING  # of the decoder layers (the first ones); 1.0: all
     attn_implementation: str = MISSING  # auto | sdpa | eager | flash_attention_2 | varlen (packed rows only)
     remove_padding: str = MISSING   # auto | true | false: packed micro-batches, no padding (auto: on GPU)
     liger: bool = MISSING           # Liger's Triton RMSNorm/SwiGLU/RoPE (CUDA, when liger-kernel is installed)

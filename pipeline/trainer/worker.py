@@ -117,6 +117,7 @@ class TrainerWorker:
         self.liger = bool(self.cfg.liger) and apply_liger(model)
         if self.cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            _checkpoint_share(model, self.cfg.gradient_checkpointing_share)
         model.config.use_cache = False
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         policy = MixedPrecisionPolicy(param_dtype=_dtype(self.cfg.param_dtype, self.on_gpu),
@@ -358,6 +359,18 @@ class TrainerWorker:
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _checkpoint_share(model: torch.nn.Module, share: float) -> None:
+    """Recompute the activations of only the first ``share`` of the decoder layers: each layer
+    checkpointed trades its stored activations for a second forward in backward, so a model that
+    fits with a third of its layers checkpointed pays a third of the recomputation (transformers
+    checks each layer's own ``gradient_checkpointing`` flag at every call)."""
+    layers = _decoder_layers(model)
+    keep = math.ceil(share * len(layers))
+    for i, layer in enumerate(layers):
+        if hasattr(layer, "gradient_checkpointing"):
+            layer.gradient_checkpointing = i < keep
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

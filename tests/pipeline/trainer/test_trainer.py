@@ -248,3 +248,39 @@ def test_a_rank_out_of_gpu_memory_is_reworded_with_the_settings_that_size_a_step
                                                                  logprob_chunk_tokens=0), 2) is not None
     other = RayTaskError("train_step", "Traceback ...", ValueError("bad batch")).as_instanceof_cause()
     assert out_of_memory(other, "train_step", algo, trainer, 1) is None
+
+
+def test_checkpointing_a_share_of_the_layers_recomputes_only_those():
+    """trainer.gradient_checkpointing_share=0.5: the first half of the decoder layers run their
+    forward again in backward, the others once; gradients equal the uncheckpointed model's."""
+    import torch
+
+    from pipeline.models.tiny import build_tiny, default_tiny_arch
+    from pipeline.trainer.worker import _checkpoint_share, _decoder_layers
+
+    torch.manual_seed(0)
+    model, _ = build_tiny(default_tiny_arch())
+    model.train()
+    ids = torch.randint(0, model.config.vocab_size, (2, 16))
+
+    def grads_and_calls() -> tuple[list[torch.Tensor], list[int]]:
+        calls = [0] * len(_decoder_layers(model))
+        for i, layer in enumerate(_decoder_layers(model)):  # the recomputation calls forward, not hooks
+            def counted(*a, _forward=type(layer).forward.__get__(layer), _i=i, **k):
+                calls[_i] += 1
+                return _forward(*a, **k)
+            layer.forward = counted
+        model.zero_grad()
+        model(input_ids=ids, labels=ids).loss.backward()
+        for layer in _decoder_layers(model):
+            del layer.forward
+        return [p.grad.clone() for p in model.parameters()], calls
+
+    plain, once = grads_and_calls()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    _checkpoint_share(model, 0.5)
+    half, calls = grads_and_calls()
+    n = len(calls)
+    assert once == [1] * n and n >= 2
+    assert calls == [2] * ((n + 1) // 2) + [1] * (n // 2)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(plain, half))
