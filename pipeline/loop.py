@@ -78,6 +78,7 @@ class Loop(TrainerRestarts):
         self._restore: tuple[int, int, Path | None] = (start_step, version, resumed_from)
         self._kept: dict[int, GeneratedBatch] = {}
         self.trainer_restarts = 0
+        self.best_batch: tuple[int, float] | None = None  # (step, mean score) of the best batch so far
         self._pushes = 0  # pushes made (a batch whose weights were gone waits for the next)
 
     def request_stop(self) -> None:
@@ -119,13 +120,17 @@ class Loop(TrainerRestarts):
         # in a thread: padding a large batch is real work, and the event loop must keep
         # draining the sampler streams of the batch being generated alongside
         batch = await asyncio.to_thread(self.parts.build_batch, gen.samples, gen.step)
+        if gen.samples:  # the best batch so far, for a skipped step's reason
+            mean = sum(float(x.score) for x in gen.samples) / len(gen.samples)
+            if self.best_batch is None or mean > self.best_batch[1]:
+                self.best_batch = (gen.step, mean)
         metrics.update({k: float(v) for k, v in getattr(batch, "metrics", {}).items()
                         if isinstance(v, (int, float))})
         rows = 0 if batch is None else int(batch.input_ids.shape[0])
         if rows == 0:  # nothing to learn from this batch: say why, once per step
             metrics["actor/skipped"] = 1.0
-            print(f"[pipeline] step {gen.step} trains on nothing: {skip_reason(metrics, gen.samples)}",
-                  file=sys.stderr, flush=True)
+            print(f"[pipeline] step {gen.step} trains on nothing: "
+                  f"{skip_reason(metrics, gen.samples, self.best_batch)}", file=sys.stderr, flush=True)
         else:
             metrics.update(await asyncio.to_thread(
                 self.parts.trainer.train, batch, self.parts.response_length(gen.step)))

@@ -188,8 +188,11 @@ def build_train_batch(samples: list[Sample], cfg: Any, max_response_length: int,
                       metrics=metrics)
 
 
-def skip_reason(m: dict[str, float], samples: list[Sample]) -> str:
-    """Why a batch left no training rows, from ``build_train_batch``'s metrics."""
+def skip_reason(m: dict[str, float], samples: list[Sample],
+                earlier: tuple[int, float] | None = None) -> str:
+    """Why a batch left no training rows, from ``build_train_batch``'s metrics. ``earlier``: the
+    step and mean score of the run's best batch so far, to tell a policy that never scored from
+    one that stopped scoring after updates."""
     n = int(m.get("batch/samples", 0))
     failed = int(m.get("batch/gen_errors", 0))
     if n == 0:
@@ -201,6 +204,15 @@ def skip_reason(m: dict[str, float], samples: list[Sample]) -> str:
                 "masked out by algorithm.overlong_filter)")
     groups = int(m.get("batch/groups", 0))
     mean = sum(float(x.score) for x in samples) / len(samples) if samples else 0.0
+    if earlier is not None and earlier[1] > 0 and mean <= 0:
+        # seen on the H200 (2026-12-05): a warm-started 0.5B at lr 2e-5 scored 0.54 at step 0,
+        # then wrote syntax errors only from step 2, and no step trained again
+        return (f"all {groups} groups had zero advantage and every sample scored {mean:.3f}, after "
+                f"step {earlier[0]}'s batch had mean score {earlier[1]:.3f}: the policy stopped "
+                "solving what it solved, and with no advantage nothing trains it back. The updates "
+                "since were likely too large for this model: lower trainer.optim.lr (rollout_corr/kl "
+                "of the steps after an update says how far each moved the policy; ~0.005 a step "
+                "learns on the laptop, 0.057 broke a 0.5B warm start)")
     return (f"all {groups} groups had zero advantage (every sample of a task scored the same; "
             f"mean score {mean:.3f}): raise rollout.n_trajectories or the "
             "temperature, or start from a model that already solves some tasks (model.warm_start)")

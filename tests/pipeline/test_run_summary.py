@@ -13,11 +13,11 @@ def samples(scores, finish="stop", tokens=3):
                    score=s, policy_version=0) for j, s in enumerate(scores)]
 
 
-def reason(batch_samples):
+def reason(batch_samples, earlier=None):
     algo = group(AlgorithmConfig, "algorithm/grpo_plus")
     batch = build_train_batch(batch_samples, algo, 3, 0)
     assert len(batch) == 0
-    return skip_reason(batch.metrics, batch_samples)
+    return skip_reason(batch.metrics, batch_samples, earlier)
 
 
 def test_skip_reasons_name_the_cause():
@@ -25,6 +25,16 @@ def test_skip_reasons_name_the_cause():
     assert "mean score 1.300" in reason(samples([1.3] * 4))
     assert "overlong" in reason(samples([0.0, 1.0, 0.5, 2.0], finish="length", tokens=3))
     assert "failed to generate" in reason(samples([0.0, 1.0], finish="error"))
+
+
+def test_a_policy_that_stopped_scoring_is_told_from_one_that_never_did():
+    """After a batch that scored, an all-zero batch points at the update size, not at the model."""
+    collapsed = reason(samples([0.0] * 4), earlier=(0, 0.537))
+    assert "stopped solving" in collapsed and "step 0's batch had mean score 0.537" in collapsed
+    assert "trainer.optim.lr" in collapsed and "model.warm_start" not in collapsed
+    never = reason(samples([0.0] * 4), earlier=(0, 0.0))
+    assert "model.warm_start" in never and "stopped solving" not in never
+    assert "stopped solving" not in reason(samples([1.3] * 4), earlier=(0, 0.5))  # all equal, not zero
 
 
 def test_a_batch_with_different_scores_trains():
