@@ -15,7 +15,8 @@
 # SFT_LR; RL at RL_LR (the tiny model's 1e-4 broke the copied answers at 3e-4; a 24-layer body is
 # given less: at 2e-5 the first batch's two Adam steps moved its tokens' log-probs by a KL of
 # 0.057 (the laptop's tiny model at its 1e-4: 0.005) and from the next batch on 94-100 % of the
-# answers were syntax errors, H200 2026-12-05; 5e-6 aims at the laptop's step size). Needs the vLLM 0.24 bundle at /tmp/vsite (../shared/tools/DEVICE-VLLM.md) and
+# answers were syntax errors, H200 2026-12-05; 5e-6 aims at the laptop's step size, reached over
+# the first 10 % of the optimiser steps, as Adam's first steps move every weight by the full lr). Needs the vLLM 0.24 bundle at /tmp/vsite (../shared/tools/DEVICE-VLLM.md) and
 # .devpkgs at /tmp/site. The SFT step logs to the console (logger=console): .devpkgs' wandb lacks
 # platformdirs, and the warm start's own logger.mode=disabled still imports wandb (its first H200
 # try, 2026-12-04, stopped there). Writes under $OUT: sft_rl.log, metrics.jsonl, episodes (sample) and the
@@ -24,7 +25,7 @@ set -u
 out=${OUT:-/tmp/bench_out}
 mkdir -p "$out"
 . bench/device_env.sh
-SFT_LR=${SFT_LR:-3e-4} RL_LR=${RL_LR:-5e-6} STEPS=${STEPS:-8} LIMIT=${LIMIT:-520} ROLLOUT=${ROLLOUT:-vllm}
+SFT_LR=${SFT_LR:-3e-4} RL_LR=${RL_LR:-5e-6} RL_WARMUP=${RL_WARMUP:-0.1} STEPS=${STEPS:-8} LIMIT=${LIMIT:-520} ROLLOUT=${ROLLOUT:-vllm}
 # 16 cores: the warm start's corpus answers and each step's new ones build 8 at a time (the
 # default 2 x 4 jobs took 118 s for the 4 corpus answers on the H100, 2026-12-05)
 COMPILE_WORKERS=${COMPILE_WORKERS:-8}
@@ -49,7 +50,7 @@ timeout -k 15 "$LIMIT" python3 -m pipeline.main +experiment=kernel_multiturn pro
   "model.warm_start_overrides=[\"resources=one_gpu\",\"trainer.optim.lr=$SFT_LR\",\"logger=console\"]" \
   model.warm_start_dir=/tmp/warm_start sandbox.cache_dir=/tmp/sft_rl_build_cache \
   sandbox.compile_workers=$COMPILE_WORKERS sandbox.max_jobs=2 \
-  trainer.optim.lr=$RL_LR pipeline.steps=$STEPS logger=console name=sft_rl hydra.run.dir=$run \
+  trainer.optim.lr=$RL_LR trainer.optim.warmup_ratio=$RL_WARMUP pipeline.steps=$STEPS logger=console name=sft_rl hydra.run.dir=$run \
   "${engine_args[@]}" "$@" >"$out/sft_rl.log" 2>&1
 rc=$?
 kill "$copier" 2>/dev/null
