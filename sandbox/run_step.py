@@ -258,13 +258,20 @@ class RunStep(InputSets):
         from sandbox import compare
 
         s = self.sets[k]
+        # the parts are split finely (open, clone, release of the CUDA IPC handles) because a
+        # trial's fixed cost, not its bytes, set the held window on the H200 (2026-12-05: ~0.2 s a
+        # trial for outputs under 100 MB, as much as for 6 GB ones)
         t = _perf_counter()
         mine = self._open(self.cand, cand[0], cand[1], k, stage)
-        try:
-            new = [t.clone() if hasattr(t, "clone") else t for t in mine.tensors]  # frozen at once
-        finally:
-            mine.close()
         self._spent("open", t)
+        try:
+            t = _perf_counter()
+            new = [t.clone() if hasattr(t, "clone") else t for t in mine.tensors]  # frozen at once
+            self._spent("clone", t)
+        finally:
+            t = _perf_counter()
+            mine.close()
+            self._spent("release", t)
         # nothing the answer left running (a process of its own) runs beside the reference
         sweep.kill_marked(os.environ.get(MARKER), keep=[self.ref.pid, self.cand.pid], everything=os.getpid() == 1)
         self._fill(self.check_set, s["seed"])
@@ -273,8 +280,10 @@ class RunStep(InputSets):
         self._spent("untouched", t)
         t = _perf_counter()
         descs, _, fds = self._call(self.ref, -1, 0, stage)
-        theirs = self._open(self.ref, descs, fds, -1, stage)
         self._spent("reference", t)
+        t = _perf_counter()
+        theirs = self._open(self.ref, descs, fds, -1, stage)
+        self._spent("open", t)
         t = _perf_counter()
         try:
             import torch
@@ -301,8 +310,10 @@ class RunStep(InputSets):
                                () if stage == "correctness" else ("stale_output",))
             return a, rel
         finally:
-            theirs.close()
             self._spent("compare", t)
+            t = _perf_counter()
+            theirs.close()
+            self._spent("release", t)
 
     def _correctness(self) -> None:
         req = self.req
