@@ -39,6 +39,10 @@
 # batch: the prompts are ~1.8 k tokens with the tiny tokenizer), about 6 sandboxed evaluations a
 # batch (SHARE), 4 steps per k: the same batch with graphs says whether eager steps were the cause.
 # `rollout.engine.vllm.max_cudagraph_capture_size=512` as an extra override repeats the eager case.
+# The trainer stays uncompiled (the kernel experiments compile layers and head on GPU runs since
+# the fourteenth session): the ninth session balanced this workload with eager training, and a
+# faster train phase would unbalance it; `trainer.compile_layers=true trainer.compile_head=true`
+# as extra overrides measure the compiled trainer in the loop.
 # TURNS, NTRAJ, RESP, SHARE, ANSWER_TASKS, STEPS move it. One k per device call fits the 10 min
 # limit (KS=0, then KS=1 on the same warm machine: the build cache in /tmp carries over, so k = 1's
 # steady steps hit it as k = 0's do); `python -m bench.pipeline --summarise k0.json,k1.json` then
@@ -68,7 +72,8 @@ timeout -k 15 "$LIMIT" python3 -m bench.pipeline --ks "$KS" --steps "$STEPS" --b
   pipeline.tasks_per_batch=3 rollout.n_trajectories=$NTRAJ \
   rollout.turns=$TURNS rollout.max_prompt_length=4096 rollout.max_response_length=$RESP \
   "rollout.response_length_schedule=[]" algorithm.drop_zero_adv_groups=false algorithm.overlong_filter=off \
-  algorithm.micro_batch_tokens=16384 sandbox.cache_dir=/tmp/bench_pipeline_build_cache \
+  algorithm.micro_batch_tokens=16384 trainer.compile_layers=false trainer.compile_head=false \
+  sandbox.cache_dir=/tmp/bench_pipeline_build_cache \
   sandbox.compile_workers=4 "$@" >"$out/pipeline_vllm_kernel.log" 2>&1
 rc=$?
 kill "$clocks" 2>/dev/null
