@@ -267,6 +267,8 @@ def main() -> None:
         progress("trainer", row)
         del micro
     if args.rl_step:
+        from torch import _dynamo
+
         from bench.trainer_rl import parse_levers, rl_label, rl_step
 
         dist.destroy_process_group()
@@ -284,6 +286,11 @@ def main() -> None:
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
                         torch.cuda.reset_peak_memory_stats()
+                    # each row compiles afresh: dynamo keeps its compiled variants per code object
+                    # (the decoder layer's forward is one for every model size), and past
+                    # recompile_limit (8) it runs new ones eagerly. The fourteenth session's third
+                    # row (3B, after 1.5B and 0.5B in the same process) hit that limit.
+                    _dynamo.reset()
                     t_row = time.perf_counter()
                     try:
                         rows.append(rl_step(args, PRESETS[lever["preset"]], lengths, device, budget, chunk, lever))
