@@ -18,11 +18,11 @@
 # parse, so the kernel env scores a stored correct answer (rewards/solutions/cuda) for SHARE of the
 # evaluations (bench/stored_answers.py); the sandbox compiles (once per answer: one shared build
 # cache), checks and times them on the GPU that vLLM and the trainer share (resources=one_gpu;
-# sampler 0.30 of its memory, trainer 0.35, the evaluator's processes the rest: pipeline.main sets
-# sandbox.gpu_memory_share to 0.32 from them. The ninth session ran 0.40 / 0.45 with the sandbox
+# sampler 0.30 of its memory, trainer 0.40, the evaluator's processes the rest: pipeline.main sets
+# sandbox.gpu_memory_share to 0.27 from them. The ninth session ran 0.40 / 0.45 with the sandbox
 # admitting up to 0.9 of the GPU, an overcommit its small footprints survived; 672 sequences' KV
 # (~1.8 k prompt + 512 tokens, 12 KB a token, prompts shared in the prefix cache) fits 0.30, and
-# the 0.5B trainer at 16 k tokens a micro-batch fits 0.35 (~25 GiB, estimated)). At this
+# the 0.5B trainer at 16 k tokens a micro-batch fits 0.40 (compiled at 32 k it peaked at 40.8 GiB)). At this
 # vocabulary every response runs to the limit, so the overlong filter is off (or nothing would be
 # trained).
 #
@@ -71,7 +71,7 @@ timeout -k 15 "$LIMIT" python3 -m bench.pipeline --ks "$KS" --steps "$STEPS" --b
   model.dtype=bfloat16 model.tiny.vocab_size=151936 model.tiny.hidden_size=896 \
   model.tiny.intermediate_size=4864 model.tiny.num_hidden_layers=24 model.tiny.num_attention_heads=14 \
   model.tiny.num_key_value_heads=2 model.tiny.tie_word_embeddings=true model.tiny.max_position_embeddings=8192 \
-  resources.sampler.gpu_memory_fraction=0.3 resources.trainer.gpu_memory_fraction=0.35 \
+  resources.sampler.gpu_memory_fraction=0.3 resources.trainer.gpu_memory_fraction=0.4 \
   rollout.engine.vllm.max_model_len=8192 rollout.engine.vllm.max_num_seqs=$SEQS rollout.engine.max_inflight=$SEQS \
   pipeline.tasks_per_batch=3 rollout.n_trajectories=$NTRAJ \
   rollout.turns=$TURNS rollout.max_prompt_length=4096 rollout.max_response_length=$RESP \
