@@ -123,7 +123,7 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, float]:
 
 def run_samples(cfg: DictConfig, run_dir: str | Path) -> tuple[list[Sample], dict[str, float]]:
     """:func:`run`, also returning every generated Sample."""
-    from pipeline.resources import init_ray, plan_resources
+    from pipeline.resources import init_ray, leave_room_for_pools, plan_resources
     from pipeline.sampler import SamplerGroup
 
     import ray
@@ -144,6 +144,8 @@ def run_samples(cfg: DictConfig, run_dir: str | Path) -> tuple[list[Sample], dic
     started = init_ray(conf.resources)
     try:
         plan = plan_resources(conf.resources, ray.cluster_resources())
+        # no trainer here; the engine takes rollout.engine.vllm.gpu_memory_utilization of its GPU
+        leave_room_for_pools(conf, colocated=False)
         env = env_spec(conf.env, conf.reward, conf.sandbox, conf.toy)
         samplers = SamplerGroup(model_cfg, rollout, env, n_workers=plan.n_samplers,
                                 num_cpus=plan.sampler_bundles[0]["CPU"],

@@ -59,32 +59,6 @@ def _schedule(p: Any) -> str:
     return f"max_staleness={k} ({schedule_name(k)})"
 
 
-def leave_room_for_pools(cfg: Any, colocated: bool) -> None:
-    """Kernel evaluations on the sampler's own GPU reserve only what the engine and a colocated
-    trainer leave of it (``sandbox.gpu_memory_share`` lowered to that, and said so): the sandbox's
-    admission counts its own steps' footprints against that share and knows nothing of the pools'
-    processes, so with its default 0.9 beside a vLLM engine at 0.45 and a trainer at 0.45
-    evaluations would run the GPU out of memory."""
-    from pipeline.resources import evaluator_memory_share
-
-    if cfg.env != "kernel" or cfg.reward.backend not in ("cuda", "triton"):
-        return
-    engine = cfg.rollout.engine
-    got = evaluator_memory_share(cfg.resources, colocated, engine.type,
-                                 float(engine.vllm.gpu_memory_utilization), cfg.sandbox.gpu_memory_share)
-    if got is None:
-        return
-    share, why = got
-    if share < 0.02:
-        raise ConfigError(
-            f"kernel evaluations run on the sampler's GPU (resources.evaluator.gpus=0), and {why} "
-            f"leave {share:.2f} of it: lower them, or give evaluations GPUs of their own "
-            "(resources.evaluator.gpus)")
-    print(f"[pipeline] kernel evaluations share the sampler's GPU: sandbox.gpu_memory_share "
-          f"{cfg.sandbox.gpu_memory_share} -> {share} (what {why} leave)", file=sys.stderr, flush=True)
-    cfg.sandbox.gpu_memory_share = share
-
-
 class Session:
     """Everything one job builds; ``close`` tears it down in reverse order."""
 
@@ -116,7 +90,7 @@ class Session:
         from pipeline.metrics import MetricsLogger
         from pipeline.models.load import load_tokenizer
         from pipeline.parts import LoopParts
-        from pipeline.resources import create_resource_pools, init_ray
+        from pipeline.resources import create_resource_pools, init_ray, leave_room_for_pools
         from pipeline.rollout_config import max_response_length, response_length_at
         from pipeline.sampler import SamplerGroup
         from pipeline.trainer import TrainerGroup

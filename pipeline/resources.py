@@ -19,6 +19,7 @@ evaluator is given the pool's GPUs on its own node (:func:`assign_evaluator_gpus
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -338,6 +339,33 @@ def evaluator_memory_share(cfg: ResourcesConfig, colocated: bool, engine: str,
         return None
     share = round(max(0.0, 1.0 - taken - _CONTEXT_MARGIN), 4)
     return (share, why) if share < sandbox_share else None
+
+
+def leave_room_for_pools(cfg: Any, colocated: bool) -> None:
+    """Kernel evaluations on the sampler's own GPU reserve only what the engine and a colocated
+    trainer leave of it (``sandbox.gpu_memory_share`` of the job's config lowered to that, and said
+    so; ``colocated``: the trainer shares the sampler's GPU): the sandbox's
+    admission counts its own steps' footprints against that share and knows nothing of the pools'
+    processes, so with its default 0.9 beside a vLLM engine at 0.45 and a trainer at 0.45
+    evaluations would run the GPU out of memory."""
+    from pipeline.config import ConfigError  # pipeline.config imports this module
+
+    if cfg.env != "kernel" or cfg.reward.backend not in ("cuda", "triton"):
+        return
+    engine = cfg.rollout.engine
+    got = evaluator_memory_share(cfg.resources, colocated, engine.type,
+                                 float(engine.vllm.gpu_memory_utilization), cfg.sandbox.gpu_memory_share)
+    if got is None:
+        return
+    share, why = got
+    if share < 0.02:
+        raise ConfigError(
+            f"kernel evaluations run on the sampler's GPU (resources.evaluator.gpus=0), and {why} "
+            f"leave {share:.2f} of it: lower them, or give evaluations GPUs of their own "
+            "(resources.evaluator.gpus)")
+    print(f"[pipeline] kernel evaluations share the sampler's GPU: sandbox.gpu_memory_share "
+          f"{cfg.sandbox.gpu_memory_share} -> {share} (what {why} leave)", file=sys.stderr, flush=True)
+    cfg.sandbox.gpu_memory_share = share
 
 
 def init_ray(cfg: ResourcesConfig, runtime_env: dict[str, Any] | None = None) -> bool:

@@ -101,7 +101,7 @@ def test_evaluations_on_the_samplers_gpu_keep_out_of_the_pools_memory():
 
 def test_the_job_lowers_the_sandbox_share_or_stops_naming_the_fractions():
     from pipeline.config import ConfigError
-    from pipeline.main import leave_room_for_pools
+    from pipeline.resources import leave_room_for_pools
 
     def job(fs, ft, backend="cuda"):
         return OmegaConf.create({
