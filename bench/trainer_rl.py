@@ -140,14 +140,14 @@ def parse_levers(spec: str, default_preset: str, compiled: bool) -> list[dict[st
     for item in items:
         preset, _, rest = item.partition("/")
         layout, *flags = (rest or "padded").split("+")
-        # ckptNN: checkpoint the first NN % of the decoder layers (ckpt: all of them)
-        share = [int(f[4:]) / 100 for f in flags if f.startswith("ckpt") and f[4:].isdigit()]
-        flags = ["ckpt" if f.startswith("ckpt") and f[4:].isdigit() else f for f in flags]
+        share = 1.0
+        for i, f in enumerate(flags):  # ckptNN: checkpoint the first NN % of the decoder layers
+            if f.startswith("ckpt") and f[4:].isdigit():
+                share, flags[i] = int(f[4:]) / 100, "ckpt"
         if preset not in PRESETS or layout not in ("padded", "packed") or \
-                set(flags) - set(FLAGS) or any(not 0 < x <= 1 for x in share):
+                set(flags) - set(FLAGS) or not 0 < share <= 1:
             raise SystemExit(f"--rl-configs entry {item!r}: expected PRESET/LAYOUT{''.join(f'[+{f}]' for f in FLAGS)} "
                              f"(ckptNN: the first NN % of the layers) with PRESET in {sorted(PRESETS)} and LAYOUT padded or packed, or one of "
                              f"{sorted(LEVER_SETS)}")
-        out.append(dict(preset=preset, layout=layout, ckpt_share=share[0] if share else 1.0,
-                        **{f: f in flags for f in FLAGS}))
+        out.append(dict(preset=preset, layout=layout, ckpt_share=share, **{f: f in flags for f in FLAGS}))
     return sorted(out, key=lambda lv: lv["liger"])  # stable: the given order within each group

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import checkpoint
-from pipeline.algorithms import skip_reason
+from pipeline.algorithms import mean_score, skip_reason
 from pipeline.metrics import env_metrics, eval_latency_metrics, score_metrics
 from pipeline.parts import GeneratedBatch, LoopParts, WeightsGone
 from pipeline.recovery import TrainerRestarts
@@ -121,7 +121,7 @@ class Loop(TrainerRestarts):
         # draining the sampler streams of the batch being generated alongside
         batch = await asyncio.to_thread(self.parts.build_batch, gen.samples, gen.step)
         if gen.samples:  # the best batch so far, for a skipped step's reason
-            mean = sum(float(x.score) for x in gen.samples) / len(gen.samples)
+            mean = mean_score(gen.samples)
             if self.best_batch is None or mean > self.best_batch[1]:
                 self.best_batch = (gen.step, mean)
         metrics.update({k: float(v) for k, v in getattr(batch, "metrics", {}).items()

@@ -188,6 +188,11 @@ def build_train_batch(samples: list[Sample], cfg: Any, max_response_length: int,
                       metrics=metrics)
 
 
+def mean_score(samples: list[Sample]) -> float:
+    """The batch's mean score (0 for an empty batch)."""
+    return sum(float(x.score) for x in samples) / len(samples) if samples else 0.0
+
+
 def skip_reason(m: dict[str, float], samples: list[Sample],
                 earlier: tuple[int, float] | None = None) -> str:
     """Why a batch left no training rows, from ``build_train_batch``'s metrics. ``earlier``: the
@@ -203,7 +208,7 @@ def skip_reason(m: dict[str, float], samples: list[Sample],
         return (f"all {n - failed} responses were overlong (cut at the response length limit and "
                 "masked out by algorithm.overlong_filter)")
     groups = int(m.get("batch/groups", 0))
-    mean = sum(float(x.score) for x in samples) / len(samples) if samples else 0.0
+    mean = mean_score(samples)
     if earlier is not None and earlier[1] > 0 and mean <= 0:
         # seen on the H200 (2026-12-05): a warm-started 0.5B at lr 2e-5 scored 0.54 at step 0,
         # then wrote syntax errors only from step 2, and no step trained again
