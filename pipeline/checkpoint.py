@@ -124,9 +124,9 @@ def resolve_resume(resume: str, root: str | Path) -> Path | None:
 
 # Keys that may change between a run and its continuation: where output goes, how it is shown,
 # how long to run. Anything else changes what is trained, so resume=auto refuses it.
-RESUME_MAY_DIFFER = ("resume", "logger", "pipeline.progress", "pipeline.steps", "checkpoint.every",
-                     "checkpoint.keep_last", "checkpoint.at_end", "resources.placement_timeout_s",
-                     "resources.ray", "evaluate", "profile")
+RESUME_MAY_DIFFER = ("resume", "logger", "pipeline.progress", "pipeline.heartbeat_s", "pipeline.steps",
+                     "checkpoint.every", "checkpoint.keep_last", "checkpoint.at_end",
+                     "resources.placement_timeout_s", "resources.ray", "evaluate", "profile")
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:

@@ -26,6 +26,7 @@ from typing import Any
 
 from pipeline import checkpoint
 from pipeline.algorithms import mean_score, skip_reason
+from pipeline.heartbeat import Activity
 from pipeline.metrics import env_metrics, eval_latency_metrics, score_metrics
 from pipeline.parts import GeneratedBatch, LoopParts, WeightsGone
 from pipeline.recovery import TrainerRestarts
@@ -80,6 +81,7 @@ class Loop(TrainerRestarts):
         self.trainer_restarts = 0
         self.best_batch: tuple[int, float] | None = None  # (step, mean score) of the best batch so far
         self._pushes = 0  # pushes made (a batch whose weights were gone waits for the next)
+        self.activity = Activity()  # what each part is doing: the heartbeat's line
 
     def request_stop(self) -> None:
         """SIGTERM (preemption, scancel): finish the step under way, checkpoint it, stop."""
@@ -95,10 +97,11 @@ class Loop(TrainerRestarts):
         samples: list[Sample] = []
         bar = _bar(self.cfg.progress, self.parts.expected_samples, f"gen {step}")
         t0 = time.time()
-        async for s in self.parts.samplers.generate(step, tasks, version):
-            samples.append(s)
-            if bar is not None:
-                bar.update(1)
+        with self.activity.doing("sampler", f"generating batch {step}"):
+            async for s in self.parts.samplers.generate(step, tasks, version):
+                samples.append(s)
+                if bar is not None:
+                    bar.update(1)
         t1 = time.time()
         if bar is not None:
             bar.close()
@@ -132,8 +135,9 @@ class Loop(TrainerRestarts):
             print(f"[pipeline] step {gen.step} trains on nothing: "
                   f"{skip_reason(metrics, gen.samples, self.best_batch)}", file=sys.stderr, flush=True)
         else:
-            metrics.update(await asyncio.to_thread(
-                self.parts.trainer.train, batch, self.parts.response_length(gen.step)))
+            with self.activity.doing("trainer", f"training batch {gen.step}"):
+                metrics.update(await asyncio.to_thread(
+                    self.parts.trainer.train, batch, self.parts.response_length(gen.step)))
             metrics["actor/skipped"] = 0.0
         t1 = time.time()
         self.parts.timeline.add("trainer", "train", gen.step, t0, t1)
@@ -142,7 +146,8 @@ class Loop(TrainerRestarts):
     async def push(self, version: int, step: int) -> float:
         t0 = time.time()
         self.events.append(("push", version, step))
-        await self.parts.weight_sync.push(version)
+        with self.activity.doing("push", f"pushing weights v{version}"):
+            await self.parts.weight_sync.push(version)
         t1 = time.time()
         self.parts.timeline.add("sync", "sync", step, t0, t1)
         return t1 - t0
@@ -243,9 +248,15 @@ class Loop(TrainerRestarts):
                 self._ready[b] = GeneratedBatch(b, min(s.policy_version for s in samples), samples,
                                            now, now, now)
         producer = asyncio.get_running_loop().create_task(self._generator(set(self._ready)))
+        beat = None
+        if cfg.heartbeat_s > 0 and not cfg.progress:  # bars say it on a terminal
+            beat = asyncio.get_running_loop().create_task(
+                self.activity.beat(cfg.heartbeat_s, self.parts.samplers, self.parts.expected_samples))
         try:
             await self._steps()
         finally:
+            if beat is not None:
+                beat.cancel()
             if not producer.done():
                 producer.cancel()
                 try:
@@ -332,6 +343,7 @@ class Loop(TrainerRestarts):
         return m
 
     def _log(self, step: int, metrics: dict[str, float], samples: list[Sample]) -> None:
+        self.activity.logged()
         self.history.append({"step": step, **metrics})
         self._log_drawn(step, wait=False)
         self.parts.logger.log(step, metrics)

@@ -23,6 +23,7 @@ class PipelineConfig:
     initial_weight_sync: bool = MISSING  # push the trainer's weights before the first batch
     verify_weight_sync: bool = MISSING   # compare per-tensor checksums of engine and trainer after each push
     progress: bool = MISSING         # progress bars on generation / training
+    heartbeat_s: float = MISSING     # bars off: a line on each part's work after this long without one (0: never)
     seed: int = MISSING
     max_trainer_restarts: int = MISSING  # a lost trainer group restarted in the run from the latest
                                      # checkpoint at most this many times (AReaL: recover.retries)

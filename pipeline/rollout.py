@@ -46,6 +46,7 @@ class BatchStats:
     step: int = 0
     n_tasks: int = 0
     n_trajectories: int = 0
+    n_generated: int = 0                 # generations returned (failed ones too): scored + being evaluated
     n_samples: int = 0
     n_errors: int = 0                    # samples with ``error`` set
     n_truncated: int = 0                 # responses cut at the length limit
@@ -95,7 +96,7 @@ class BatchStats:
                                        failures=list(other.failures))
         out = dataclasses.replace(self, latencies_s=self.latencies_s + other.latencies_s,
                                   failures=(self.failures + other.failures)[:20])
-        for name in ("n_tasks", "n_trajectories", "n_samples", "n_errors", "n_truncated",
+        for name in ("n_tasks", "n_trajectories", "n_generated", "n_samples", "n_errors", "n_truncated",
                      "ended_prompt_too_long", "history_turns_dropped", "response_tokens",
                      "engine_steps", "engine_busy_s"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
@@ -144,10 +145,19 @@ def build_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
 
 
 def fit_prompt(tokenizer: Any, env: RewardEnv, task: TaskRef, history: list[Turn],
-               max_len: int) -> tuple[list[int] | None, int]:
-    """(prompt ids, turns dropped): the oldest turns go first; None if even no history is too long."""
+               max_len: int, memo: dict[Any, list[int]] | None = None) -> tuple[list[int] | None, int]:
+    """(prompt ids, turns dropped): the oldest turns go first; None if even no history is too long.
+    ``memo`` (messages -> ids, one batch's) templates and tokenizes each distinct prompt once: a
+    task's first turn is the same prompt for all its trajectories."""
     for dropped in range(len(history) + 1):
-        ids = build_prompt(tokenizer, env.messages(task, history[dropped:]))
+        messages = env.messages(task, history[dropped:])
+        if memo is None:
+            ids = build_prompt(tokenizer, messages)
+        else:
+            key = tuple(tuple(sorted(m.items())) for m in messages)
+            if key not in memo:
+                memo[key] = build_prompt(tokenizer, messages)
+            ids = list(memo[key])  # each Sample owns its list
         if len(ids) <= max_len:
             return ids, dropped
     return None, len(history)
@@ -160,6 +170,10 @@ class _Episodes:
         self.step, self.version, self.cfg, self.on_sample = step, version, cfg, on_sample
         self.stats = stats
         self.samples: list[Sample] = []
+        # the batch's prompts by their messages: n trajectories of a task start from one prompt, and
+        # templating + tokenizing it n times on the event loop delays every request behind it
+        # (vLLM's first steps then run with the few requests that came first)
+        self.prompts: dict[Any, list[int]] = {}
         self.params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                                      max_tokens=response_length_at(cfg, step))
 
@@ -169,7 +183,7 @@ class _Episodes:
         try:
             for turn in range(start.turn0, start.turn0 + self.cfg.turns):
                 prompt_ids, dropped = fit_prompt(self.tokenizer, self.env, task, history,
-                                                 self.cfg.max_prompt_length)
+                                                 self.cfg.max_prompt_length, self.prompts)
                 if prompt_ids is None:
                     self.stats.ended_prompt_too_long += 1
                     return
@@ -194,6 +208,7 @@ class _Episodes:
         except Exception as e:
             gen = Generation.failed(f"generation failed: {type(e).__name__}: {e}")
         t_gen_end = time.time()
+        self.stats.n_generated += 1
         self.stats.t_last_gen_end = max(self.stats.t_last_gen_end, t_gen_end)
         text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True) if gen.token_ids else ""
         error = gen.error if gen.finish_reason == "error" else None

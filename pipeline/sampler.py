@@ -265,6 +265,9 @@ class SamplerGroup:
     async def stats(self) -> list[dict[str, float]]:
         return await self._all("stats")
 
+    async def progress(self) -> list[dict[str, float]]:
+        return await self._all("progress")
+
     async def sleep(self) -> None:
         await self._all("sleep")
 

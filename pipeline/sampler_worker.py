@@ -29,6 +29,7 @@ import copy
 import gc
 import importlib
 import os
+import time
 from collections.abc import Mapping
 from typing import Any, AsyncIterator
 
@@ -99,6 +100,7 @@ class SamplerWorker(WeightReceiverMixin):
         self.engine = make_engine(self.cfg.engine, source, self.tokenizer)
         self.env = build_env(env_spec, worker_index)
         self.last_stats = BatchStats()
+        self.live: BatchStats | None = None  # the batch being generated, for progress()
         self.batches = 0
         # What exists now (torch, transformers, Ray, the model: ~400k objects) lives as long as the
         # actor; a full collection would walk all of it (~250 ms of a CPU core) while the engine
@@ -108,7 +110,7 @@ class SamplerWorker(WeightReceiverMixin):
 
     async def generate(self, step: int, tasks: list[TaskRef], version: int,
                        starts: Starts | None = None) -> AsyncIterator[Any]:
-        stats = BatchStats()
+        stats = self.live = BatchStats()
         _, per_item = stream_shape(self.cfg.stream_buffer)
         before = engine_counters(self.engine)
         async for samples in stream_episode_chunks(self.engine, self.tokenizer, self.env, tasks, step,
@@ -117,8 +119,21 @@ class SamplerWorker(WeightReceiverMixin):
             yield samples
         after = engine_counters(self.engine)
         stats.engine_steps, stats.engine_busy_s = after[0] - before[0], after[1] - before[1]
-        self.last_stats, self.batches = stats, self.batches + 1
+        self.last_stats, self.batches, self.live = stats, self.batches + 1, None
         yield stats
+
+    def progress(self) -> dict[str, float]:
+        """The batch under way, for the loop's heartbeat: generations returned, samples scored
+        (the difference is being evaluated) and the engine's requests in flight."""
+        live = self.live
+        out = {"generating": float(live is not None)}
+        engine = self.engine.stats()
+        if "inflight" in engine:  # vLLM's requests not finished; HF does not count them
+            out["engine_inflight"] = float(engine["inflight"])
+        if live is not None:
+            out.update(step=float(live.step), generated=float(live.n_generated), scored=float(live.n_samples),
+                       seconds=time.time() - live.t_start if live.t_start else 0.0)
+        return out
 
     async def update_weights(self, payload: Any, version: int) -> int:
         # the engine copies under its batch lock: receive_weights runs it off the event loop

@@ -92,11 +92,12 @@ class FakeLogger:
 
 
 def make(tmp_path, k, steps=6, train_s=0.02, turns=1, turn_s=0.0, partial=False, policy="drop",
-         stop_at=None, start_step=0, version=0, pending=None, max_trainer_restarts=0, every=0):
+         stop_at=None, start_step=0, version=0, pending=None, max_trainer_restarts=0, every=0,
+         heartbeat_s=0.0):
     cfg = PipelineConfig(mode=None, max_staleness=k, staleness_policy=policy, partial_rollout=partial,
                          steps=steps, tasks_per_batch=2, task_split="train", shuffle_tasks=False,
-                         weight_sync="object_store", initial_weight_sync=False, progress=False, seed=0,
-                         max_trainer_restarts=max_trainer_restarts)
+                         weight_sync="object_store", initial_weight_sync=False, progress=False,
+                         heartbeat_s=heartbeat_s, seed=0, max_trainer_restarts=max_trainer_restarts)
     samplers = FakeSamplers(turns, turn_s)
     samplers.held = version
     trainer = FakeTrainer(train_s, stop_at)
@@ -111,6 +112,21 @@ def make(tmp_path, k, steps=6, train_s=0.02, turns=1, turn_s=0.0, partial=False,
     loop = Loop(cfg, parts, timeline_every=0, start_step=start_step, version=version, pending=pending)
     trainer.loop = loop
     return loop, samplers, trainer
+
+
+def test_a_quiet_log_says_what_each_part_is_doing(tmp_path, capsys):
+    """Bars off: a step longer than heartbeat_s gets a line naming the trainer's batch and how
+    long it has trained, and the sampler generating the next batch beside it (one_off); none
+    with heartbeat_s=0."""
+    loop, _, _ = make(tmp_path, 1, steps=2, train_s=0.5, turn_s=0.1, heartbeat_s=0.1)
+    asyncio.run(loop.run())
+    beats = [l for l in capsys.readouterr().err.splitlines() if l.startswith("[pipeline] sampler:")]
+    assert any("trainer: training batch 0 for" in l for l in beats), beats
+    assert any("sampler: generating batch 1 for" in l for l in beats), beats
+    (tmp_path / "off").mkdir()
+    loop, _, _ = make(tmp_path / "off", 1, steps=2, train_s=0.5, heartbeat_s=0.0)
+    asyncio.run(loop.run())
+    assert "[pipeline] sampler:" not in capsys.readouterr().err
 
 
 def gen_versions(loop):

@@ -45,6 +45,38 @@ async def test_multi_turn_episodes_fill_every_sample_field(engine, tiny):
     assert m["rollout/samples"] == 12 and m["timing/gen"] > 0 and m["response/length_mean"] > 0
 
 
+async def test_a_batch_templates_each_distinct_prompt_once(engine, tiny):
+    """A task's first turn is one prompt for all its trajectories: templated and tokenized once per
+    batch, and each Sample still owns its list; later turns (their own feedback) are templated
+    each."""
+    _, _, tok = tiny
+    calls = []
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(tok, name)
+
+        def __call__(self, *a, **kw):
+            return tok(*a, **kw)
+
+        def apply_chat_template(self, messages, **kw):
+            calls.append(len(messages))
+            return tok.apply_chat_template(messages, **kw)
+
+    env = ToyEnv(n_tasks=2)
+    batch = await run_episodes(engine, Counting(), env, env.tasks("train"), step=0, version=0,
+                               cfg=rollout_cfg(n_trajectories=4, turns=2))
+    first = [s for s in batch.samples if s.turn == 0]
+    assert len(first) == 8 and len(batch.samples) == 16
+    assert len(calls) == 2 + 8  # 2 tasks' first prompts, then each trajectory's second
+    by_task = {}
+    for s in first:
+        by_task.setdefault(s.task_id, []).append(s.prompt_ids)
+    for lists in by_task.values():
+        assert all(ids == lists[0] and ids is not lists[0] for ids in lists[1:])
+    assert first[0].prompt_ids == build_prompt(tok, env.messages(env.tasks("train")[0], []))
+
+
 def test_later_prompts_keep_feedback_summary_and_answer_not_the_reasoning(tiny):
     _, _, tok = tiny
     env = ToyEnv()

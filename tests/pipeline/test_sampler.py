@@ -49,6 +49,7 @@ async def test_worker_hands_over_an_engine_batch_in_one_item():
     chunks, stats = items[:-1], items[-1]
     assert worker.engine.stats()["batches"] == 1 and [len(c) for c in chunks] == [3 * 4]
     assert all(isinstance(s, Sample) and s.step == 2 for s in chunks[0]) and stats.n_samples == 12
+    assert stats.n_generated == 12 and worker.progress() == {"generating": 0.0}  # HF: no in-flight count
 
 
 def test_stream_shape_keeps_unread_samples_within_the_buffer():
@@ -74,6 +75,21 @@ async def test_pool_streams_samples_from_every_worker(pool):
     assert m["perf/engine_steps"] >= 2 and 0 < m["perf/engine_step_ms"] <= 1e3 * pool.last_stats.gen_s
     info = await pool.ping()
     assert len({i["pid"] for i in info}) == 2
+
+
+async def test_progress_counts_the_batch_under_way(pool):
+    """What the loop's heartbeat reads mid-batch: per worker, generations returned and samples
+    scored so far of the batch being generated; nothing once it is done."""
+    tasks = await pool.tasks("train")
+    seen = []
+    async for s in pool.generate(9, tasks, 0):
+        if not seen:
+            seen = await pool.progress()
+    busy = [w for w in seen if w["generating"]]
+    assert busy, seen  # the first sample arrived while the rest of the batch was under way
+    assert all(w["step"] == 9 and 0 <= w["scored"] <= w["generated"] <= 27 and w["seconds"] > 0 for w in busy)
+    assert [w["generating"] for w in await pool.progress()] == [0.0, 0.0]
+    assert pool.last_stats.n_generated == pool.last_stats.n_samples == 27
 
 
 async def test_starts_reach_the_worker_holding_their_task(pool):

@@ -133,7 +133,8 @@ async def reference(parts, k):
 def with_loop(parts, k, tmp_path):
     cfg = PipelineConfig(mode=None, max_staleness=k, staleness_policy="drop", partial_rollout=False,
                          steps=STEPS, tasks_per_batch=TASKS, task_split="train", shuffle_tasks=False,
-                         weight_sync="object_store", initial_weight_sync=False, progress=False, seed=0)
+                         weight_sync="object_store", initial_weight_sync=False, progress=False,
+                         heartbeat_s=0.0, seed=0)
     trained = []
 
     def build(samples, step):
