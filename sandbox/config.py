@@ -30,6 +30,8 @@ class EvalConfig:
     tolerance: dict[str, Tolerance] = field(default_factory=dict)
     compile_timeout_s: float = MISSING
     run_timeout_s: float = MISSING         # wall limit of the run step (correctness + timing)
+    call_timeout_floor_s: float = MISSING  # one call of the answer, once the task's reference time is known:
+    call_timeout_ref_factor: float = MISSING  # at most max(floor, factor x the reference's time)
     memory_limit_bytes: int = MISSING      # host memory of one evaluation (RLIMIT_AS or RSS watch)
     max_open_files: int = MISSING
     max_processes: int = MISSING           # RLIMIT_NPROC; only where the kernel enforces it

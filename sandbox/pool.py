@@ -44,7 +44,7 @@ __all__ = ["EvalPool", "as_eval_config", "scrubbed_env"]
 
 # Per-call overrides of the configuration that make sense for one evaluation.
 _OVERRIDABLE = ("correctness_trials", "seed", "warmup_runs", "timing_runs", "timing_input_sets",
-                "compile_timeout_s", "run_timeout_s", "memory_limit_bytes", "excessive_speedup_threshold",
+                "compile_timeout_s", "run_timeout_s", "call_timeout_floor_s", "call_timeout_ref_factor", "memory_limit_bytes", "excessive_speedup_threshold",
                 "cpu_threads", "poison_bytes", "gpu_flush_bytes", "cpu_flush_bytes")
 # what a run step should have in force; the pool names any that is missing once (reads are open
 # without landlock_read, unix sockets without seccomp, the host's processes without pidns, ...)
@@ -224,7 +224,8 @@ class EvalPool:
                    tolerance={k: dataclasses.asdict(v) for k, v in cfg.tolerance.items()},
                    flush_bytes=cfg.gpu_flush_bytes if on_gpu else cfg.cpu_flush_bytes,
                    poison_bytes=cfg.poison_bytes, excessive_speedup_threshold=cfg.excessive_speedup_threshold,
-                   cpu_threads=cfg.cpu_threads, ref_runtime_ms=ref_ms, timeout_s=_run_limit(cfg, ref_ms), timed=timed)
+                   cpu_threads=cfg.cpu_threads, ref_runtime_ms=ref_ms, timeout_s=_run_limit(cfg, ref_ms),
+                   call_limit_s=_call_limit(cfg, ref_ms), timed=timed)
         limit = req["timeout_s"] + max(30.0, req["timeout_s"])
         # a task's first GPU step runs alone and measures what later ones reserve; the host's slots
         # are counted, not measured
@@ -386,9 +387,11 @@ def gpu_gate_budget(memory: int, cfg: EvalConfig) -> tuple[int, int]:
 
 def _maybe_crowded(out: StepOutcome) -> bool:
     """A failure another step on the same device could have caused: a timeout, or out of memory."""
+    data = out.data or {}
+    if "call_over_limit" in (data.get("flags") or ()):  # 1000x the reference: not what sharing does
+        return False
     if out.killed_for in ("timeout", "memory"):
         return True
-    data = out.data or {}
     text = f"{data.get('error_kind')} {data.get('error')}".lower()
     return data.get("error_kind") in ("timeout", "memory_limit") or "out of memory" in text
 
@@ -401,6 +404,18 @@ def _run_limit(cfg: EvalConfig, ref_ms: float | None) -> float:
         return float(cfg.run_timeout_s)
     calls = 2 * cfg.correctness_trials + cfg.warmup_runs + cfg.timing_runs * (1 + 2 * cfg.checked_share) + 2
     return float(cfg.run_timeout_s) + 10.0 * calls * ref_ms / 1000.0
+
+
+def _call_limit(cfg: EvalConfig, ref_ms: float | None) -> float | None:
+    """One call of the answer, at most, once the reference's time is known: a kernel that never
+    ends (an RL policy writes them: a loop bound sampled wrong) then holds its step, its GPU
+    reservation and its batch's last reward for ~20 s rather than the whole run limit twice over
+    (the limit, then the re-run alone that a timeout while sharing gets). A thousand times the
+    reference is far past what sharing the GPU with a few steps does to a call, and past any answer
+    worth a reward; the floor covers a first call's lazy CUDA and Triton set-up."""
+    if not ref_ms:
+        return None
+    return max(float(cfg.call_timeout_floor_s), float(cfg.call_timeout_ref_factor) * ref_ms / 1000.0)
 
 
 def _safe(key: str) -> str:

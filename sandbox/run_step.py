@@ -208,7 +208,19 @@ class RunStep(InputSets):
         t0 = _perf_counter()
         # the generator is seeded from the inputs' own seed before each call in both runners: a
         # random op in the task (dropout) draws the same values in both
-        msg, fds = r.ask("call", self.deadline, set=k, poison=poison, rng=seed)
+        deadline, own = self.deadline, None
+        if r is self.cand and self.req.call_limit_s:  # sized from the task's known reference time
+            own = time.monotonic() + float(self.req.call_limit_s)
+            deadline = min(deadline, own)
+        try:
+            msg, fds = r.ask("call", deadline, set=k, poison=poison, rng=seed)
+        except Lost as lost:
+            if lost.kind == "timeout" and own is not None and deadline == own:
+                raise Lost("timeout", f"one call of the answer ran past {self.req.call_limit_s:.0f} s, "
+                           f"{self.req.call_limit_s * 1000.0 / (self.req.ref_runtime_ms or 1.0):.0f}x the "
+                           f"reference's {self.req.ref_runtime_ms:.3g} ms: a kernel that does not end, or "
+                           "one far too slow to score", stage, ("call_over_limit",)) from None
+            raise
         seconds = _perf_counter() - t0
         if not msg["ok"]:
             share.release(msg.get("outputs"), fds, self.req.device)

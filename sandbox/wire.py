@@ -68,6 +68,7 @@ class StepRequest:
     poison_bytes: int = 0
     excessive_speedup_threshold: float = 10.0
     ref_runtime_ms: float | None = None   # cached reference time (None: the judge times it)
+    call_limit_s: float | None = None     # one call of the candidate, at most (None: the step's limit only)
     timeout_s: float = 0.0
     timed: bool = False
     pch_root: str | None = None
