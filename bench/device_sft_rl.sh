@@ -50,7 +50,8 @@ timeout -k 15 "$LIMIT" python3 -m pipeline.main +experiment=kernel_multiturn pro
   "model.warm_start_overrides=[\"resources=one_gpu\",\"trainer.optim.lr=$SFT_LR\",\"logger=console\"]" \
   model.warm_start_dir=/tmp/warm_start sandbox.cache_dir=/tmp/sft_rl_build_cache \
   sandbox.compile_workers=$COMPILE_WORKERS sandbox.max_jobs=2 \
-  trainer.optim.lr=$RL_LR trainer.optim.warmup_ratio=$RL_WARMUP pipeline.steps=$STEPS logger=console name=sft_rl hydra.run.dir=$run \
+  trainer.optim.lr=$RL_LR trainer.optim.warmup_ratio=$RL_WARMUP pipeline.steps=$STEPS pipeline.heartbeat_s=30 \
+  logger=console name=sft_rl hydra.run.dir=$run \
   "${engine_args[@]}" "$@" >"$out/sft_rl.log" 2>&1
 rc=$?
 kill "$copier" 2>/dev/null

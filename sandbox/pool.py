@@ -37,7 +37,8 @@ from sandbox.build_cache import BuildCache, remove_stale_batons
 from sandbox.config import BACKENDS, EvalConfig, validate
 from sandbox.device_gate import DeviceGate
 from sandbox.gpu_probe import IsolationProbe, ProbeVerdict, choose_isolation
-from sandbox.launch import Launcher, StepOutcome, kill_group, scrubbed_env, step_result
+from sandbox.launch import Launcher, kill_group, scrubbed_env, step_result
+from sandbox.limits import call_limit, maybe_crowded, run_limit
 from sandbox.result import EvalResult
 
 __all__ = ["EvalPool", "as_eval_config", "scrubbed_env"]
@@ -224,8 +225,8 @@ class EvalPool:
                    tolerance={k: dataclasses.asdict(v) for k, v in cfg.tolerance.items()},
                    flush_bytes=cfg.gpu_flush_bytes if on_gpu else cfg.cpu_flush_bytes,
                    poison_bytes=cfg.poison_bytes, excessive_speedup_threshold=cfg.excessive_speedup_threshold,
-                   cpu_threads=cfg.cpu_threads, ref_runtime_ms=ref_ms, timeout_s=_run_limit(cfg, ref_ms),
-                   call_limit_s=_call_limit(cfg, ref_ms), timed=timed)
+                   cpu_threads=cfg.cpu_threads, ref_runtime_ms=ref_ms, timeout_s=run_limit(cfg, ref_ms),
+                   call_limit_s=call_limit(cfg, ref_ms), timed=timed)
         limit = req["timeout_s"] + max(30.0, req["timeout_s"])
         # a task's first GPU step runs alone and measures what later ones reserve; the host's slots
         # are counted, not measured
@@ -245,7 +246,7 @@ class EvalPool:
                 lost += 1
                 if lost <= cfg.lost_worker_retries:
                     continue
-            if out.overlapped and need is not None and _maybe_crowded(out):
+            if out.overlapped and need is not None and maybe_crowded(out):
                 # a timeout or out-of-memory while others shared the device is never blamed on the
                 # answer before it is seen alone
                 self._stats["rerun_alone"] += 1
@@ -383,39 +384,6 @@ def gpu_gate_budget(memory: int, cfg: EvalConfig) -> tuple[int, int]:
     warm = min(warm, room // (2 * 3 * cfg.gpu_context_bytes)) if warm else 0
     budget = room - warm * 3 * cfg.gpu_context_bytes
     return max(budget, 1), warm
-
-
-def _maybe_crowded(out: StepOutcome) -> bool:
-    """A failure another step on the same device could have caused: a timeout, or out of memory."""
-    data = out.data or {}
-    if "call_over_limit" in (data.get("flags") or ()):  # 1000x the reference: not what sharing does
-        return False
-    if out.killed_for in ("timeout", "memory"):
-        return True
-    text = f"{data.get('error_kind')} {data.get('error')}".lower()
-    return data.get("error_kind") in ("timeout", "memory_limit") or "out of memory" in text
-
-
-def _run_limit(cfg: EvalConfig, ref_ms: float | None) -> float:
-    """The run step's time limit, sized from the task once its reference time is known: the
-    configured limit, plus ten times the calls of a step at the reference's speed (a task whose
-    forward takes a second must not time out where a millisecond one would not)."""
-    if not ref_ms:
-        return float(cfg.run_timeout_s)
-    calls = 2 * cfg.correctness_trials + cfg.warmup_runs + cfg.timing_runs * (1 + 2 * cfg.checked_share) + 2
-    return float(cfg.run_timeout_s) + 10.0 * calls * ref_ms / 1000.0
-
-
-def _call_limit(cfg: EvalConfig, ref_ms: float | None) -> float | None:
-    """One call of the answer, at most, once the reference's time is known: a kernel that never
-    ends (an RL policy writes them: a loop bound sampled wrong) then holds its step, its GPU
-    reservation and its batch's last reward for ~20 s rather than the whole run limit twice over
-    (the limit, then the re-run alone that a timeout while sharing gets). A thousand times the
-    reference is far past what sharing the GPU with a few steps does to a call, and past any answer
-    worth a reward; the floor covers a first call's lazy CUDA and Triton set-up."""
-    if not ref_ms:
-        return None
-    return max(float(cfg.call_timeout_floor_s), float(cfg.call_timeout_ref_factor) * ref_ms / 1000.0)
 
 
 def _safe(key: str) -> str:

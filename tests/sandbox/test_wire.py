@@ -9,7 +9,8 @@ import json
 import pytest
 
 from sandbox.config import load_default_config
-from sandbox.pool import _run_limit
+from sandbox.launch import StepOutcome
+from sandbox.limits import call_limit, maybe_crowded, run_limit
 from sandbox.wire import Forged, Isolation, Limits, StepRequest, check_reply, reported_failure
 
 
@@ -62,13 +63,30 @@ def test_a_runner_cannot_blame_the_sandbox_or_the_reference():
 
 def test_the_run_limit_grows_with_the_tasks_reference_time():
     cfg = load_default_config(run_timeout_s=60)
-    assert _run_limit(cfg, None) == 60.0
-    fast, slow = _run_limit(cfg, 1.0), _run_limit(cfg, 1000.0)
+    assert run_limit(cfg, None) == 60.0
+    fast, slow = run_limit(cfg, 1.0), run_limit(cfg, 1000.0)
     assert 60.0 < fast < 61.0          # a millisecond task: the configured limit, about
     # a task whose forward takes a second gets ten times every call of the step on top
     calls = 2 * cfg.correctness_trials + cfg.warmup_runs + cfg.timing_runs * (1 + 2 * cfg.checked_share) + 2
     assert slow == pytest.approx(60.0 + 10.0 * calls) and slow > 5 * 60.0
-    assert _run_limit(dataclasses.replace(cfg, timing_runs=2 * cfg.timing_runs), 1000.0) > slow
+    assert run_limit(dataclasses.replace(cfg, timing_runs=2 * cfg.timing_runs), 1000.0) > slow
+
+
+def test_a_call_of_the_answer_gets_a_limit_only_once_the_reference_time_is_known():
+    cfg = load_default_config(call_timeout_floor_s=20.0, call_timeout_ref_factor=1000.0)
+    assert call_limit(cfg, None) is None            # unknown: the step's limit alone
+    assert call_limit(cfg, 0.5) == 20.0             # a fast task: the floor
+    assert call_limit(cfg, 100.0) == pytest.approx(100.0)  # a 100 ms reference: 1000x
+
+
+def test_a_call_over_its_own_limit_is_not_blamed_on_sharing():
+    """A timeout or out of memory while sharing is re-run alone; a call past 1000x the reference
+    is the answer's own."""
+    assert maybe_crowded(StepOutcome({"error_kind": "timeout", "error": "ran past the run time limit"}))
+    assert maybe_crowded(StepOutcome(None, killed_for="timeout"))
+    assert maybe_crowded(StepOutcome({"error_kind": "runtime_error", "error": "CUDA out of memory"}))
+    assert not maybe_crowded(StepOutcome({"error_kind": "timeout", "flags": ["call_over_limit"]}))
+    assert not maybe_crowded(StepOutcome({"error_kind": "wrong_output", "error": "mismatch"}))
 
 
 def test_cuda_starts_as_a_step_starts_only_without_a_gate(monkeypatch):
