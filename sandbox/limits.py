@@ -37,7 +37,8 @@ def call_limit(cfg: EvalConfig, ref_ms: float | None) -> float | None:
     reservation and its batch's last reward for ~20 s rather than the whole run limit twice over
     (the limit, then the re-run alone that a timeout while sharing gets). A thousand times the
     reference is far past what sharing the GPU with a few steps does to a call, and past any answer
-    worth a reward; the floor covers a first call's lazy CUDA and Triton set-up."""
+    worth a reward; the floor, tripled for the answer's first call (run_step), covers a first call's
+    lazy CUDA and Triton set-up."""
     if not ref_ms:
         return None
     return max(float(cfg.call_timeout_floor_s), float(cfg.call_timeout_ref_factor) * ref_ms / 1000.0)
