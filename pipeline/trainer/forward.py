@@ -1,6 +1,7 @@
 """The trainer's forward: response log-probs (and entropy) of a micro-batch's rows, padded or
 packed (``trainer.remove_padding``), and what the model is set up with before FSDP2 wraps it
-(attention implementation, optional Liger kernels, the chunked log-prob head).
+(attention implementation, optional Liger kernels, the chunked log-prob head, which decoder layers
+are checkpointed).
 
 Row layout (``pipeline.algorithms.TrainBatch``): ``input_ids [B, P+R]`` with the prompt
 left-padded into the first P columns and the response right-padded into the last R, so the
@@ -10,6 +11,7 @@ back in the padded ``[B, R]`` shape (zeros on padding), so the losses see one la
 """
 from __future__ import annotations
 
+import math
 import types
 import warnings
 from typing import Any
@@ -163,3 +165,25 @@ def _from_logits(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool
     from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
     return logprobs_from_logits(logits, targets), (entropy_from_logits(logits) if with_entropy else None)
+
+
+def checkpoint_share(model: torch.nn.Module, share: float) -> None:
+    """Recompute the activations of only the first ``share`` of the decoder layers: each layer
+    checkpointed trades its stored activations for a second forward in backward, so a model that
+    fits with a third of its layers checkpointed pays a third of the recomputation (transformers
+    checks each layer's own ``gradient_checkpointing`` flag at every call)."""
+    layers = decoder_layers(model)
+    keep = math.ceil(share * len(layers))
+    for i, layer in enumerate(layers):
+        if hasattr(layer, "gradient_checkpointing"):
+            layer.gradient_checkpointing = i < keep
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks FSDP wraps one by one (HF models name them via _no_split_modules)."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"model {type(model).__name__} declares no _no_split_modules: cannot "
+                         "tell its decoder layers apart for FSDP wrapping")
+    return layers

@@ -107,7 +107,8 @@ class TrainerWorker:
         meta_init = self.world_size > 1 and model_cfg.path != "tiny" and self.rank != 0
         model, self.tokenizer = _load(model_cfg, meta=meta_init)
         full = model.state_dict() if self.world_size > 1 and model_cfg.path != "tiny" else None
-        from pipeline.trainer.forward import apply_liger, attention_implementation, install_log_prob_head
+        from pipeline.trainer.forward import (apply_liger, attention_implementation, checkpoint_share,
+                                              decoder_layers, install_log_prob_head)
 
         attn = attention_implementation(self.cfg.attn_implementation, self.packed, self.on_gpu)
         if hasattr(model, "set_attn_implementation"):
@@ -117,12 +118,12 @@ class TrainerWorker:
         self.liger = bool(self.cfg.liger) and apply_liger(model)
         if self.cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            _checkpoint_share(model, self.cfg.gradient_checkpointing_share)
+            checkpoint_share(model, self.cfg.gradient_checkpointing_share)
         model.config.use_cache = False
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         policy = MixedPrecisionPolicy(param_dtype=_dtype(self.cfg.param_dtype, self.on_gpu),
                                       reduce_dtype=_dtype(self.cfg.reduce_dtype, self.on_gpu))
-        for layer in _decoder_layers(model):
+        for layer in decoder_layers(model):
             if self.cfg.compile_layers:
                 layer.compile()  # in place: the module FSDP2 wraps next keeps its name and state dict
             fully_shard(layer, mesh=mesh, mp_policy=policy,
@@ -359,28 +360,6 @@ class TrainerWorker:
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _checkpoint_share(model: torch.nn.Module, share: float) -> None:
-    """Recompute the activations of only the first ``share`` of the decoder layers: each layer
-    checkpointed trades its stored activations for a second forward in backward, so a model that
-    fits with a third of its layers checkpointed pays a third of the recomputation (transformers
-    checks each layer's own ``gradient_checkpointing`` flag at every call)."""
-    layers = _decoder_layers(model)
-    keep = math.ceil(share * len(layers))
-    for i, layer in enumerate(layers):
-        if hasattr(layer, "gradient_checkpointing"):
-            layer.gradient_checkpointing = i < keep
-
-
-def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated blocks FSDP wraps one by one (HF models name them via _no_split_modules)."""
-    names = set(getattr(model, "_no_split_modules", None) or [])
-    layers = [m for m in model.modules() if type(m).__name__ in names]
-    if not layers:
-        raise ValueError(f"model {type(model).__name__} declares no _no_split_modules: cannot "
-                         "tell its decoder layers apart for FSDP wrapping")
-    return layers
 
 
 def _load(model_cfg: Any, meta: bool) -> tuple[torch.nn.Module, Any]:

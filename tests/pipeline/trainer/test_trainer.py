@@ -256,7 +256,7 @@ def test_checkpointing_a_share_of_the_layers_recomputes_only_those():
     import torch
 
     from pipeline.models.tiny import build_tiny, default_tiny_arch
-    from pipeline.trainer.worker import _checkpoint_share, _decoder_layers
+    from pipeline.trainer.forward import checkpoint_share, decoder_layers
 
     torch.manual_seed(0)
     model, _ = build_tiny(default_tiny_arch())
@@ -264,21 +264,21 @@ def test_checkpointing_a_share_of_the_layers_recomputes_only_those():
     ids = torch.randint(0, model.config.vocab_size, (2, 16))
 
     def grads_and_calls() -> tuple[list[torch.Tensor], list[int]]:
-        calls = [0] * len(_decoder_layers(model))
-        for i, layer in enumerate(_decoder_layers(model)):  # the recomputation calls forward, not hooks
+        calls = [0] * len(decoder_layers(model))
+        for i, layer in enumerate(decoder_layers(model)):  # the recomputation calls forward, not hooks
             def counted(*a, _forward=type(layer).forward.__get__(layer), _i=i, **k):
                 calls[_i] += 1
                 return _forward(*a, **k)
             layer.forward = counted
         model.zero_grad()
         model(input_ids=ids, labels=ids).loss.backward()
-        for layer in _decoder_layers(model):
+        for layer in decoder_layers(model):
             del layer.forward
         return [p.grad.clone() for p in model.parameters()], calls
 
     plain, once = grads_and_calls()
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    _checkpoint_share(model, 0.5)
+    checkpoint_share(model, 0.5)
     half, calls = grads_and_calls()
     n = len(calls)
     assert once == [1] * n and n >= 2
