@@ -36,8 +36,10 @@ def call_limit(cfg: EvalConfig, ref_ms: float | None) -> float | None:
     ends (an RL policy writes them: a loop bound sampled wrong) then holds its step, its GPU
     reservation and its batch's last reward for ~20 s rather than the whole run limit twice over
     (the limit, then the re-run alone that a timeout while sharing gets). A thousand times the
-    reference is far past what sharing the GPU with a few steps does to a call, and past any answer
-    worth a reward; the floor, tripled for the answer's first call (run_step), covers a first call's
+    reference is far past what sharing the GPU with a few steps does to a call, and above the
+    average a call may take within the step's own limit (run_limit: the configured limit over a
+    step's ~27 calls, plus ten times the reference): an answer this slow at every call fails that
+    limit too, only minutes later; the floor, tripled for the answer's first call (run_step), covers a first call's
     lazy CUDA and Triton set-up."""
     if not ref_ms:
         return None
