@@ -103,15 +103,26 @@ def prebuild(reward_cfg: Any, sandbox_cfg: Any) -> dict[str, int]:
     from rewards.interface import TaskRef
     from sandbox.pool import EvalPool
 
-    env = KernelEnv(reward_cfg, EvalPool(sandbox_cfg))
+    pool = EvalPool(sandbox_cfg)
+    env = KernelEnv(reward_cfg, pool)
     ids = [t.task_id for t in env.tasks("train")]
     answers = corpus_answers(env.backend, ids)
 
     async def all_of() -> list[Any]:
         try:
-            return await asyncio.gather(*[
+            out = await asyncio.gather(*[
                 env.evaluate(TaskRef(a.task_id, env.task(a.task_id)), answer_text(a.code, "Summary."))
                 for a in answers])
+            if env.backend == "cuda":
+                # these builds asked for the precompiled headers of their flags; closing the pool now
+                # would cancel that build, and every new answer of the run's first steps would then
+                # build without it (the H200, 2026-12-05: cold builds of ~88 s in such a run's first
+                # step, where bench.sandbox measured ~22 s with the headers)
+                t0 = time.time()
+                await pool.headers_ready()
+                print(f"[pipeline] warm start: precompiled headers ready in {time.time() - t0:.0f} s",
+                      file=sys.stderr, flush=True)
+            return out
         finally:
             await env.aclose()
 
