@@ -113,13 +113,16 @@ class SamplerWorker(WeightReceiverMixin):
         stats = self.live = BatchStats()
         _, per_item = stream_shape(self.cfg.stream_buffer)
         before = engine_counters(self.engine)
-        async for samples in stream_episode_chunks(self.engine, self.tokenizer, self.env, tasks, step,
-                                                   version, self.cfg, stats=stats, starts=starts,
-                                                   max_chunk=per_item):
-            yield samples
+        try:
+            async for samples in stream_episode_chunks(self.engine, self.tokenizer, self.env, tasks, step,
+                                                       version, self.cfg, stats=stats, starts=starts,
+                                                       max_chunk=per_item):
+                yield samples
+        finally:
+            self.live = None  # a batch cut short is not under way either
         after = engine_counters(self.engine)
         stats.engine_steps, stats.engine_busy_s = after[0] - before[0], after[1] - before[1]
-        self.last_stats, self.batches, self.live = stats, self.batches + 1, None
+        self.last_stats, self.batches = stats, self.batches + 1
         yield stats
 
     def progress(self) -> dict[str, float]:
