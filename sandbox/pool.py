@@ -45,7 +45,8 @@ __all__ = ["EvalPool", "as_eval_config", "scrubbed_env"]
 
 # Per-call overrides of the configuration that make sense for one evaluation.
 _OVERRIDABLE = ("correctness_trials", "seed", "warmup_runs", "timing_runs", "timing_input_sets",
-                "compile_timeout_s", "run_timeout_s", "call_timeout_floor_s", "call_timeout_ref_factor", "memory_limit_bytes", "excessive_speedup_threshold",
+                "compile_timeout_s", "run_timeout_s", "call_timeout_floor_s", "call_timeout_ref_factor",
+                "memory_limit_bytes", "excessive_speedup_threshold",
                 "cpu_threads", "poison_bytes", "gpu_flush_bytes", "cpu_flush_bytes")
 # what a run step should have in force; the pool names any that is missing once (reads are open
 # without landlock_read, unix sockets without seccomp, the host's processes without pidns, ...)

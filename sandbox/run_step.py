@@ -210,13 +210,13 @@ class RunStep(InputSets):
         # the generator is seeded from the inputs' own seed before each call in both runners: a
         # random op in the task (dropout) draws the same values in both
         deadline, own, limit = self.deadline, None, 0.0
-        if r is self.cand and self.req.call_limit_s:  # sized from the task's known reference time
-            # the answer's first call also sets itself up (Triton compiles its kernels, cuBLAS and
-            # lazy modules load) on a host busy with other steps: three times the limit
-            limit = float(self.req.call_limit_s) * (3.0 if self._first_call else 1.0)
-            own = time.monotonic() + limit
-            deadline = min(deadline, own)
         if r is self.cand:
+            if self.req.call_limit_s:  # sized from the task's known reference time
+                # the answer's first call also sets itself up (Triton compiles its kernels, cuBLAS
+                # and lazy modules load) on a host busy with other steps: three times the limit
+                limit = float(self.req.call_limit_s) * (3.0 if self._first_call else 1.0)
+                own = time.monotonic() + limit
+                deadline = min(deadline, own)
             self._first_call = False
         try:
             msg, fds = r.ask("call", deadline, set=k, poison=poison, rng=seed)
