@@ -6,6 +6,9 @@
 #
 #   bash .devpkgs/install.sh && bash bench/device_sft_rl.sh [extra Hydra overrides]
 #
+# WARM_ONLY=1 builds the warm start and its prebuild alone (python -m pipeline.warm_start), e.g. in
+# the background of an earlier call of the same warm machine.
+#
 # The laptop recipe (docs/sft.md) at the 0.5B body: profile=laptop keeps its sizes (one task,
 # L1/19_silu; 16 trajectories x 1 turn; the warm start's wrong and broken answers x3, trained until
 # loss 0.007) while the model is the body of Qwen2.5-0.5B (hidden 896, 24 layers, 14/2 heads,
@@ -38,21 +41,30 @@ if [ "$ROLLOUT" = vllm ]; then
                resources.trainer.gpu_memory_fraction=0.3)
 fi
 run=/tmp/sft_rl_run
+args=(+experiment=kernel_multiturn profile=laptop
+  resources=one_gpu rollout=$ROLLOUT reward.backend=cuda reward.profile=full model.dtype=bfloat16
+  model.tiny.hidden_size=896 model.tiny.intermediate_size=4864 model.tiny.num_hidden_layers=24
+  model.tiny.num_attention_heads=14 model.tiny.num_key_value_heads=2 model.tiny.max_position_embeddings=8192
+  "model.warm_start_overrides=[\"resources=one_gpu\",\"trainer.optim.lr=$SFT_LR\",\"logger=console\"]"
+  model.warm_start_dir=/tmp/warm_start sandbox.cache_dir=/tmp/sft_rl_build_cache
+  sandbox.compile_workers=$COMPILE_WORKERS sandbox.max_jobs=2
+  trainer.optim.lr=$RL_LR trainer.optim.warmup_ratio=$RL_WARMUP pipeline.steps=$STEPS pipeline.heartbeat_s=30
+  logger=console name=sft_rl "${engine_args[@]}" "$@")
+if [ "${WARM_ONLY:-0}" = 1 ]; then
+  # the warm start and its prebuild alone (an earlier call of the same machine, while the vLLM
+  # bundle still travels); the run then finds both cached
+  timeout -k 15 "$LIMIT" python3 -m pipeline.warm_start "${args[@]}" hydra.run.dir=/tmp/warm_start_cli \
+    >"$out/warm_start.log" 2>&1
+  rc=$?
+  echo "warm_start rc=$rc"; grep -E "^\[pipeline\]|^\[sft\]|Error" "$out/warm_start.log" | cut -c1-300 | tail -n 8
+  exit $rc
+fi
 rm -rf "$run"
 # the curve so far reaches $OUT every 15 s: a call cut by its own limit (or a machine taken back
 # after the limit) still returns the steps it finished
 ( while sleep 15; do cp -f "$run/metrics.jsonl" "$out/" 2>/dev/null; done ) &
 copier=$!
-timeout -k 15 "$LIMIT" python3 -m pipeline.main +experiment=kernel_multiturn profile=laptop \
-  resources=one_gpu rollout=$ROLLOUT reward.backend=cuda reward.profile=full model.dtype=bfloat16 \
-  model.tiny.hidden_size=896 model.tiny.intermediate_size=4864 model.tiny.num_hidden_layers=24 \
-  model.tiny.num_attention_heads=14 model.tiny.num_key_value_heads=2 model.tiny.max_position_embeddings=8192 \
-  "model.warm_start_overrides=[\"resources=one_gpu\",\"trainer.optim.lr=$SFT_LR\",\"logger=console\"]" \
-  model.warm_start_dir=/tmp/warm_start sandbox.cache_dir=/tmp/sft_rl_build_cache \
-  sandbox.compile_workers=$COMPILE_WORKERS sandbox.max_jobs=2 \
-  trainer.optim.lr=$RL_LR trainer.optim.warmup_ratio=$RL_WARMUP pipeline.steps=$STEPS pipeline.heartbeat_s=30 \
-  logger=console name=sft_rl hydra.run.dir=$run \
-  "${engine_args[@]}" "$@" >"$out/sft_rl.log" 2>&1
+timeout -k 15 "$LIMIT" python3 -m pipeline.main "${args[@]}" hydra.run.dir=$run >"$out/sft_rl.log" 2>&1
 rc=$?
 kill "$copier" 2>/dev/null
 echo "sft_rl rc=$rc"

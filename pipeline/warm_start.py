@@ -8,6 +8,10 @@ corpus or recipe builds a new one; the build is deterministic (fixed seeds, one 
 With ``sandbox.cache_dir`` set, the corpus answers of the run's tasks are then evaluated once
 through the real sandbox, so their builds sit in the compile cache when the model writes them
 (a cache hit is still a real evaluation: correctness and timing run every time).
+
+``python -m pipeline.warm_start <the run's overrides>`` builds (or finds) the warm start and the
+prebuild alone, without Ray or a trainer, so a run started later with the same overrides begins
+at its first batch (the device scripts build it while other work still runs).
 """
 from __future__ import annotations
 
@@ -135,3 +139,35 @@ def prebuild(reward_cfg: Any, sandbox_cfg: Any) -> dict[str, int]:
     print(f"[pipeline] warm start: {len(answers)} corpus answers of {len(ids)} tasks evaluated into the "
           f"compile cache in {time.time() - t0:.0f} s: {counts}", file=sys.stderr, flush=True)
     return counts
+
+
+def main() -> None:
+    """``python -m pipeline.warm_start <overrides of pipeline.main>``: prints the model dir."""
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import DictConfig
+
+    from pipeline.config import ConfigError, check, register, resolved_profile
+
+    register()
+
+    @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+    def _entry(cfg: DictConfig) -> None:
+        if not (cfg.model.warm_start and cfg.model.path == "tiny"):
+            print(f"[pipeline] no warm start to build: model.warm_start={cfg.model.warm_start}, "
+                  f"model.path={cfg.model.path} (a warm start is for model.path=tiny)", file=sys.stderr)
+            sys.exit(2)
+        try:
+            check(cfg)
+        except ConfigError as e:
+            print(f"[pipeline] {e}", file=sys.stderr, flush=True)
+            sys.exit(2)
+        if cfg.sandbox.cache_dir:
+            cfg.sandbox.cache_dir = os.path.expanduser(str(cfg.sandbox.cache_dir))
+        print(ensure(cfg, resolved_profile(cfg), list(HydraConfig.get().overrides.task)), flush=True)
+
+    _entry()
+
+
+if __name__ == "__main__":
+    main()
