@@ -49,6 +49,7 @@ class EvalConfig:
     gpu_memory_share: float = MISSING      # share of a GPU's memory run steps may reserve at once (0: one step at a time)
     gpu_context_bytes: int = MISSING       # device memory of one process's CUDA context (footprints add three)
     gpu_warm_steps: int = MISSING          # the first N steps waiting for a GPU start CUDA before admission (room kept out of the budget)
+    gpu_max_steps: int = MISSING           # run steps holding one GPU at once, whatever their footprints (0: as many as fit)
     admission_overtake_s: float = MISSING  # a step that fits may pass earlier ones that do not while they waited less (0: strict order)
     block_network: bool = MISSING          # own network namespace where the OS allows it
     restrict_writes: bool = MISSING        # Landlock: writes only to the evaluation's own dirs
@@ -88,6 +89,8 @@ def validate(cfg: EvalConfig) -> None:
         raise ValueError(f"sandbox.cpu_run_slots={cfg.cpu_run_slots}: expected null or an integer >= 1")
     if cfg.gpu_warm_steps < 0:
         raise ValueError(f"sandbox.gpu_warm_steps={cfg.gpu_warm_steps}: expected an integer >= 0")
+    if cfg.gpu_max_steps < 0:
+        raise ValueError(f"sandbox.gpu_max_steps={cfg.gpu_max_steps}: expected a count >= 0 (0: no cap)")
     if cfg.admission_overtake_s < 0:
         raise ValueError(f"sandbox.admission_overtake_s={cfg.admission_overtake_s}: expected seconds >= 0")
     if not 0.0 <= cfg.gpu_memory_share <= 1.0:

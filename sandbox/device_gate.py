@@ -16,7 +16,11 @@ A run step's life on its device (docs/sandbox.md, "The device gate"):
    protocol held a GPU. Admission is in arrival order, but a step that fits may go ahead of
    earlier ones that do not fit yet, as long as each of those has waited less than ``overtake_s``
    (so a large footprint at the head does not leave the device idle behind it, and is never
-   starved: past that, the order is strict).
+   starved: past that, the order is strict). With ``max_holders`` (``sandbox.gpu_max_steps``) no more
+   than that many steps hold the device at once, whatever their footprints: each shared section is
+   stretched by every other one running beside it (a level-1 evaluation held an H100 1.86 s alone,
+   3.4 s with twelve in flight, 2026-12-05), so a cap trades evaluations in flight for a shorter
+   held window; the steps behind it wait warm.
 2. ``shared``: load and correctness; any number of admitted steps at once, none while an exclusive
    window is held or asked for (timing is never starved).
 3. ``exclusive``: timing. Its shared section is given back *before* it waits (two steps that each
@@ -56,10 +60,12 @@ class Grant:
 
 
 class DeviceGate:
-    def __init__(self, token: Any, budget: int, overtake_s: float = 0.0, warm_slots: int = 0):
+    def __init__(self, token: Any, budget: int, overtake_s: float = 0.0, warm_slots: int = 0,
+                 max_holders: int = 0):
         if budget < 1:
             raise ValueError(f"device gate budget {budget}: expected at least 1")
         self.token, self.budget, self.overtake_s = token, int(budget), float(overtake_s)
+        self.max_holders = int(max_holders)  # steps holding the device at once (0: as many as fit)
         # waiting steps (the queue's first) told to start CUDA: their contexts' room is not in ``budget``
         self.warm_slots = int(warm_slots)
         self.reserved = 0
@@ -113,6 +119,8 @@ class DeviceGate:
         return grant
 
     def _fits(self, grant: Grant) -> bool:
+        if self.max_holders and len(self.holders) >= self.max_holders:
+            return False
         return self.reserved + grant.need <= self.budget and (not grant.alone or not self.holders)
 
     def _may_admit(self, grant: Grant) -> bool:

@@ -348,7 +348,8 @@ class EvalPool:
             sizes = devices.gpu_memory() if self.cfg.gpu_memory_share > 0 else {}  # one nvidia-smi for all
             for g in found:
                 budget, warm = gpu_gate_budget(sizes.get(g[0], 0), self.cfg)
-                self._gpu_gates[g[0]] = DeviceGate(g, budget, self.cfg.admission_overtake_s, warm)
+                self._gpu_gates[g[0]] = DeviceGate(g, budget, self.cfg.admission_overtake_s, warm,
+                                                    self.cfg.gpu_max_steps)
         return self._gpus
 
     async def _torch(self) -> str:

@@ -76,6 +76,39 @@ async def test_many_steps_share_within_the_budget_time_alone_and_all_finish(seed
         assert open_ in (0, 1)
 
 
+@pytest.mark.parametrize("cap", [1, 2, 3])
+async def test_max_holders_caps_the_steps_on_the_device_whatever_fits(cap):
+    rng = random.Random(cap)
+    gate = DeviceGate(("gpu", "9.0"), budget=1000, warm_slots=3, max_holders=cap)
+    watch, log, most = Watch(gate), [], [0]
+    real_check = watch.check
+
+    def check() -> None:
+        real_check()
+        most[0] = max(most[0], len(gate.holders))
+    watch.check = check  # type: ignore[method-assign]
+    # 40 small steps: every one fits the memory budget, only the cap holds them back
+    await asyncio.wait_for(asyncio.gather(*[_step(gate, watch, 10, rng, log) for _ in range(40)]), timeout=30)
+    assert gate.reserved == 0 and not gate.holders
+    assert most[0] == cap, f"{most[0]} steps held the device at once, cap {cap}"
+
+
+async def test_a_capped_gate_admits_the_next_step_when_one_releases():
+    gate = DeviceGate(("gpu", "9.0"), budget=1000, max_holders=2)
+    a, b = await gate.admit(10), await gate.admit(10)
+    third = asyncio.ensure_future(gate.admit(10))
+    await asyncio.sleep(0.01)
+    assert not third.done(), "a third step was admitted past max_holders=2"
+    await gate.done(a)
+    await asyncio.sleep(0.01)
+    assert not third.done(), "a finished step still holds its memory and its place until released"
+    await gate.release(a)
+    c = await asyncio.wait_for(third, 1)
+    assert c in gate.holders and len(gate.holders) == 2
+    for g in (b, c):
+        await gate.release(g)
+
+
 async def test_an_alone_step_waits_for_every_reservation_and_holds_the_device_from_the_start():
     gate = DeviceGate(("gpu", "9.0"), budget=100)
     small = await gate.admit(10)
