@@ -17,7 +17,7 @@ A run step's life on its device (docs/sandbox.md, "The device gate"):
    earlier ones that do not fit yet, as long as each of those has waited less than ``overtake_s``
    (so a large footprint at the head does not leave the device idle behind it, and is never
    starved: past that, the order is strict). With ``max_holders`` (``sandbox.gpu_max_steps``) no more
-   than that many steps hold the device at once, whatever their footprints: each shared section is
+   than that many steps hold the device at once (until their ``done``), whatever their footprints: each shared section is
    stretched by every other one running beside it (a level-1 evaluation held an H100 1.86 s alone,
    3.4 s with twelve in flight, 2026-12-05), so a cap trades evaluations in flight for a shorter
    held window; the steps behind it wait warm.
@@ -119,7 +119,8 @@ class DeviceGate:
         return grant
 
     def _fits(self, grant: Grant) -> bool:
-        if self.max_holders and len(self.holders) >= self.max_holders:
+        # a finished step (its answer gone, its processes ending) keeps its memory but not its place
+        if self.max_holders and sum(h.state != FINISHED for h in self.holders) >= self.max_holders:
             return False
         return self.reserved + grant.need <= self.budget and (not grant.alone or not self.holders)
 
