@@ -16,11 +16,11 @@ A run step's life on its device (docs/sandbox.md, "The device gate"):
    protocol held a GPU. Admission is in arrival order, but a step that fits may go ahead of
    earlier ones that do not fit yet, as long as each of those has waited less than ``overtake_s``
    (so a large footprint at the head does not leave the device idle behind it, and is never
-   starved: past that, the order is strict). With ``max_holders`` (``sandbox.gpu_max_steps``) no more
-   than that many steps hold the device at once (until their ``done``), whatever their footprints: each shared section is
-   stretched by every other one running beside it (a level-1 evaluation held an H100 1.86 s alone,
-   3.4 s with twelve in flight, 2026-12-05), so a cap trades evaluations in flight for a shorter
-   held window; the steps behind it wait warm.
+   starved: past that, the order is strict). With ``max_holders`` (``sandbox.gpu_max_steps``) no
+   more than that many steps hold the device at once (until their ``done``), whatever their
+   footprints: each shared section is stretched by every other one running beside it (a level-1
+   evaluation held an H100 1.86 s alone, 3.4 s with twelve in flight, 2026-12-05), so a cap trades
+   evaluations in flight for a shorter held window; the steps behind it wait warm.
 2. ``shared``: load and correctness; any number of admitted steps at once, none while an exclusive
    window is held or asked for (timing is never starved).
 3. ``exclusive``: timing. Its shared section is given back *before* it waits (two steps that each
