@@ -75,10 +75,15 @@ def ensure(cfg: Any, profile: str, cli_overrides: list[str]) -> Path:
         cache = cfg.sandbox.cache_dir
         marker = root / "prebuilt.json"
         if cache and cfg.env == "kernel":
+            from sandbox.build import BUILD_RECIPE, build_tools
+
+            # the cache dir with what the build keys hash besides the code (recipe, ninja, compiler):
+            # a new ninja makes new keys, and the corpus answers must be built again under them
+            stamp = f"{cache} recipe={BUILD_RECIPE} {build_tools()}"
             done = json.loads(marker.read_text()) if marker.is_file() else []
-            if str(cache) not in done or not Path(cache).is_dir():
+            if stamp not in done or not Path(cache).is_dir():
                 prebuild(cfg.reward, cfg.sandbox)
-                marker.write_text(json.dumps(sorted(set(done) | {str(cache)})))
+                marker.write_text(json.dumps(sorted(set(done) | {stamp})))
     return model_dir
 
 

@@ -119,10 +119,40 @@ def pch_allowed(extra_cflags: Any) -> bool:
     return flags is not None and tuple(flags) in PCH_FLAG_SETS
 
 
-def build_key(candidate_src: str, backend: str, arch: str, torch_version: str) -> str:
-    """Content address of a candidate's build."""
+def step_path(parent_path: str | None = None) -> str:
+    """The PATH every step of the pool gets: the running interpreter's own directory first when a
+    ``ninja`` is there (the project's pinned ``ninja`` package, in the venv), then the parent's. A
+    persistent build cache is only as good as the ninja that reads it: ninja 1.12 changed the hash
+    its log keeps of each command, so a build made by the venv's 1.13 looked dirty to the system's
+    1.11, and every run step rebuilt it inside its throw-away overlay (~44 s a cache hit on 2 cores,
+    2026-12-05: a run started with the venv activated, the next without)."""
+    parent = os.environ.get("PATH", "") if parent_path is None else parent_path
+    here = os.path.dirname(sys.executable)
+    if not os.path.isfile(os.path.join(here, "ninja")):
+        return parent
+    return os.pathsep.join([here] + [p for p in parent.split(os.pathsep) if p and p != here])
+
+
+def build_tools(path: str | None = None) -> str:
+    """The build tools a step finds on ``path`` (default :func:`step_path`): part of every build
+    key, so a cache written with one ninja or compiler is never read as up to date by another."""
+    path = step_path() if path is None else path
+    out = []
+    for tool, args in (("ninja", ["--version"]), (_compiler(), ["-dumpfullversion"])):
+        found = shutil.which(tool, path=path)
+        try:
+            version = subprocess.run([found, *args], capture_output=True, text=True, timeout=30).stdout.strip() \
+                if found else "missing"
+        except (OSError, subprocess.SubprocessError):
+            version = "unknown"
+        out.append(f"{tool}={found}:{version}")
+    return " ".join(out)
+
+
+def build_key(candidate_src: str, backend: str, arch: str, torch_version: str, tools: str = "") -> str:
+    """Content address of a candidate's build (``tools``: :func:`build_tools`)."""
     h = hashlib.sha256()
-    for part in (candidate_src, backend, arch, torch_version, sys.version, BUILD_RECIPE):
+    for part in (candidate_src, backend, arch, torch_version, sys.version, BUILD_RECIPE, tools):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:32]

@@ -22,6 +22,7 @@ from typing import Any
 import psutil
 
 from sandbox import devices, sweep
+from sandbox.build import step_path
 from sandbox.config import EvalConfig
 from sandbox.device_gate import DeviceGate, Grant, serve_gate
 from sandbox.result import EvalResult
@@ -97,6 +98,7 @@ class Launcher:
             gated=gate is not None)
         marker = f"{eval_id}-{mode}-{uuid.uuid4().hex[:6]}"
         extra = {"HOME": str(workdir), "TMPDIR": str(workdir / "tmp"), "TORCH_EXTENSIONS_DIR": str(build_dir),
+                 "PATH": step_path(),  # one ninja for every step of every pool (sandbox/build.py)
                  "MAX_JOBS": str(cfg.max_jobs), "OMP_NUM_THREADS": str(cfg.cpu_threads),
                  "MKL_NUM_THREADS": str(cfg.cpu_threads), "PYTHONDONTWRITEBYTECODE": "1",
                  "PYTHONNOUSERSITE": "1", "PYTHONPATH": PROJECT_ROOT, "TRITON_CACHE_DIR": str(build_dir / "triton"),

@@ -68,3 +68,36 @@ async def test_identical_concurrent_candidates_build_once_and_repeat_is_a_fast_c
     assert stats["compile_s_p50"] > 0 and stats["evals_per_min"] > 0
     # the reference timing of this task was measured once and then reused
     assert c.ref_runtime_ms == a.ref_runtime_ms or c.ref_runtime_ms == b.ref_runtime_ms
+
+
+async def test_a_cache_hit_loads_without_rebuilding_whichever_ninja_the_parent_path_finds(sandbox_cfg, monkeypatch):
+    # a run started with the venv activated builds with its ninja; one started without it used to
+    # find the system's, whose reading of the newer ninja's log called every cached build dirty:
+    # each run step rebuilt it in its throw-away overlay (~44 s a "cache hit", 2026-12-05)
+    import os
+    import sys
+
+    async with EvalPool(sandbox_cfg) as pool:
+        first = await pool.evaluate(ADD, ADD_CPP, "cpu", key="add-cpp")
+    here = os.path.dirname(sys.executable)
+    monkeypatch.setenv("PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != here))
+    async with EvalPool(sandbox_cfg) as pool:
+        again = await pool.evaluate(ADD, ADD_CPP, "cpu", key="add-cpp")
+    assert first.correct and again.correct and again.cache_hit, (first, again)
+    assert again.wall_s["load"] < 5.0, again.wall_s
+
+
+def test_build_keys_name_the_build_tools_and_steps_find_the_interpreters_ninja():
+    import os
+    import sys
+
+    from sandbox.build import build_key, build_tools, step_path
+
+    assert build_key("src", "cpu", "", "2.13") != build_key("src", "cpu", "", "2.13", "ninja=/usr/bin/ninja:1.11.1")
+    here = os.path.dirname(sys.executable)
+    path = step_path("/usr/bin:/bin")
+    if os.path.isfile(os.path.join(here, "ninja")):
+        assert path.split(os.pathsep)[0] == here and "/usr/bin" in path.split(os.pathsep)
+        assert f"ninja={os.path.join(here, 'ninja')}:" in build_tools(path)
+    else:
+        assert path == "/usr/bin:/bin"
