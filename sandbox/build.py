@@ -125,8 +125,8 @@ def step_path(parent_path: str | None = None) -> str:
     where that directory is /usr/bin and would reorder every tool) the parent's as it is. A
     persistent build cache is only as good as the ninja that reads it: ninja 1.13's log (version 7)
     keeps another hash of each command, so a build made by the venv's 1.13 looked dirty to the
-    system's 1.11, and every run step rebuilt it inside its throw-away overlay (~44 s a cache hit on 2 cores,
-    2026-12-05: a run started with the venv activated, the next without)."""
+    system's 1.11, and every run step rebuilt it inside its throw-away overlay (~44 s a cache hit
+    on 2 cores, 2026-12-05: a run started with the venv activated, the next without)."""
     parent = os.environ.get("PATH", "") if parent_path is None else parent_path
     here = os.path.dirname(sys.executable)
     if sys.prefix == sys.base_prefix or not os.path.isfile(os.path.join(here, "ninja")):
