@@ -11,6 +11,9 @@ A run step's life on its device (docs/sandbox.md, "The device gate"):
    a step) out of the budget, so contexts started before admission are counted too (on an 80 GB
    GPU, twelve waiting steps' uncounted contexts pushed newly starting ones out of memory). A
    step's place in the queue only moves forward, so no more than ``warm_slots`` are warm at once.
+   A step that says when it is warm (``warmed``, an event) is told even when the device is free
+   and admitted only once it is: its CUDA never starts inside its held window (an evaluation
+   alone, admitted at once, started three contexts there: ~0.3-0.5 s of a 1.86 s window).
    A step whose footprint is not known yet and has no estimate, or a step re-run after a failure
    while sharing, is admitted *alone*: the whole budget, exclusive from the start, as the first
    protocol held a GPU. Admission is in arrival order, but a step that fits may go ahead of
@@ -54,7 +57,8 @@ class Grant:
     state: str = ADMITTED
     overlapped: bool = False       # another step held a reservation on the device at the same time
     warm: Callable[[], None] | None = None   # tell the step to start CUDA while it waits
-    warmed: bool = False
+    warmed: bool = False           # told to warm
+    ready: asyncio.Event | None = None  # set once the step says its CUDA has started (None: not asked)
     frozen: bool = False
     queued_at: float = dataclasses.field(default_factory=time.monotonic)  # when it asked for admission
 
@@ -87,17 +91,19 @@ class DeviceGate:
     # --- the step's life -----------------------------------------------------------------------
 
     async def admit(self, need: int | None, freeze: Callable[[bool], None] | None = None,
-                    warm: Callable[[], None] | None = None) -> Grant:
+                    warm: Callable[[], None] | None = None, warmed: asyncio.Event | None = None) -> Grant:
         """Reserve ``need`` units (None, or more than the budget: the whole device, alone). In
         arrival order, but for requests that fit going ahead of earlier ones that do not, each of
         which has waited less than ``overtake_s``. ``warm`` is called (at most once) if the step
-        must wait while it is among the queue's first ``warm_slots``."""
+        must wait while it is among the queue's first ``warm_slots``; with ``warmed`` (set through
+        :meth:`warm_done` when the step says its CUDA has started), also when it need not wait, and
+        a step told to warm is then admitted only once it is warm."""
         alone = need is None or need >= self.budget
-        grant = Grant(self.budget if alone else max(int(need), 0), alone, freeze, warm=warm)
+        grant = Grant(self.budget if alone else max(int(need), 0), alone, freeze, warm=warm, ready=warmed)
         async with self._cond:
             self._admit_queue.append(grant)
             try:
-                if not self._may_admit(grant):
+                if warmed is not None or not self._may_admit(grant):
                     self._warm_next()
                 await self._cond.wait_for(lambda: self._may_admit(grant))
             except BaseException:
@@ -125,7 +131,7 @@ class DeviceGate:
         return self.reserved + grant.need <= self.budget and (not grant.alone or not self.holders)
 
     def _may_admit(self, grant: Grant) -> bool:
-        if not self._fits(grant):
+        if not self._fits(grant) or (grant.warmed and grant.ready is not None and not grant.ready.is_set()):
             return False
         now = time.monotonic()
         for ahead in self._admit_queue:
@@ -142,6 +148,12 @@ class DeviceGate:
             if not g.warmed and g.warm is not None:
                 g.warmed = True
                 g.warm()
+
+    async def warm_done(self, warmed: asyncio.Event) -> None:
+        """The step whose ``admit`` was given ``warmed`` says its CUDA has started."""
+        async with self._cond:
+            warmed.set()
+            self._cond.notify_all()
 
     async def shared(self, grant: Grant) -> None:
         """Enter the shared section (an alone grant already holds the device)."""
@@ -218,30 +230,43 @@ async def serve_gate(sock: Any, gate: DeviceGate, need: int | None, limit_s: flo
     judge measured comes back with ``done``, stored before the window goes back.
     ``clock``: the step's ``deadline`` (no deadline while it waits; ``limit_s`` from admission; an
     exclusive wait added), and what it records: ``grant``, ``admitted``, ``device_shared``,
-    ``exclusive_from``, ``device_exclusive``. Only the judge holds the other end."""
+    ``exclusive_from``, ``device_exclusive``. Only the judge holds the other end. A step told to
+    warm answers ``warmed`` once its CUDA has started, and is admitted only then."""
     import json
     import math
     import time
 
     reader, writer = await asyncio.open_unix_connection(sock=sock)
+    pending: asyncio.Future | None = None   # the judge's next line, read while admission waits too
+    admitting: asyncio.Future | None = None
     try:
         while True:
-            line = await reader.readline()
-            if not line:
+            pending = pending or asyncio.ensure_future(reader.readline())
+            msg = _message(await pending)
+            pending = None
+            if msg is None:
                 return
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(msg, dict):
-                continue
             grant = clock.get("grant")
             if msg.get("ready") and grant is None:
                 clock["deadline"] = math.inf  # waiting for the device is not the step's time
                 if need == -1:
                     fp = msg.get("footprint")
                     need = estimate(fp) if isinstance(fp, dict) else None
-                grant = clock["grant"] = await gate.admit(need, freeze, lambda: writer.write(b'{"warm": true}\n'))
+                warmed = asyncio.Event()
+                admitting = asyncio.ensure_future(
+                    gate.admit(need, freeze, lambda: writer.write(b'{"warm": true}\n'), warmed))
+                while not admitting.done():
+                    pending = pending or asyncio.ensure_future(reader.readline())
+                    await asyncio.wait({admitting, pending}, return_when=asyncio.FIRST_COMPLETED)
+                    if pending.done() and not admitting.done():
+                        said = _message(pending.result())
+                        pending = None
+                        if said is None:
+                            return   # the judge is gone: the admission is cancelled below
+                        if said.get("warmed"):
+                            await gate.warm_done(warmed)
+                grant = clock["grant"] = admitting.result()
+                admitting = None
                 await gate.shared(grant)
                 clock["admitted"] = now = time.monotonic()
                 clock["deadline"] = now + limit_s
@@ -274,4 +299,26 @@ async def serve_gate(sock: Any, gate: DeviceGate, need: int | None, limit_s: flo
                 continue
             await writer.drain()
     finally:
+        if pending is not None:
+            pending.cancel()
+        if admitting is not None:
+            # cancelled while it waits (admit takes itself out of the queue), or admitted meanwhile:
+            # then the grant is the step's, released with it by the caller
+            admitting.cancel()
+            await asyncio.gather(admitting, return_exceptions=True)
+            if not admitting.cancelled() and admitting.exception() is None:
+                clock["grant"] = admitting.result()
         writer.close()
+
+
+def _message(line: bytes) -> dict[str, Any] | None:
+    """One line of the judge's as a dict ({} when it is not one); None at the end of the socket."""
+    if not line:
+        return None
+    import json
+
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        return {}
+    return msg if isinstance(msg, dict) else {}

@@ -30,7 +30,8 @@ class Gate:
         """Admission and the shared section: (seconds spent waiting, the granted device index or None).
         ``footprint``: the task's meta-device bytes, which the pool admits on until it has measured.
         ``warm``: called when the pool says, before admission, that this step is among the next to
-        be admitted (start CUDA now, so that the held window does not wait for it)."""
+        be admitted (start CUDA now, so that the held window does not wait for it); the pool hears
+        when it has returned."""
         t = time.monotonic()
         self._send({"ready": True, "footprint": footprint})
         while True:
@@ -39,6 +40,7 @@ class Gate:
                 return time.monotonic() - t, reply.get("device")
             if warm is not None:
                 warm()
+            self._send({"warmed": True})  # the pool admits a step it told to warm only after this
 
     def exclusive(self) -> float:
         """The device alone (the shared section given back first); seconds spent waiting."""

@@ -172,6 +172,7 @@ class Launcher:
                     break
                 data = read_result_line(line, key)
                 if data is not None:
+                    clock["verdict"] = time.monotonic()
                     break  # the first tagged line: the worker writes no other, and nothing else can tag one
                 untagged += 1
         except asyncio.TimeoutError:
@@ -203,6 +204,8 @@ class Launcher:
             release_transport(proc)
         now = time.monotonic()
         gate_s = {k: v for k, v in clock.items() if k in ("device_exclusive", "device_shared")}
+        if grant is not None and "verdict" in clock:  # the verdict to the memory back: processes ending
+            gate_s["device_tail"] = now - clock["verdict"]
         if grant is not None and "exclusive_from" in clock and "device_exclusive" not in gate_s:
             gate_s["device_exclusive"] = now - clock["exclusive_from"]  # killed inside its window
         extra_out = {"wall_s": now - t0, "device": gate.token if grant is not None else None,  # type: ignore[union-attr]

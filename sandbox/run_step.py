@@ -62,8 +62,10 @@ class RunStep(InputSets):
             if self.gate is not None:
                 self.gate.done(self.measured_ref_ms)
                 self.gate.close()
+            t = _perf_counter()
             self.ref.kill()
             sweep.kill_marked(os.environ.get(MARKER), everything=os.getpid() == 1)
+            self._spent("reap", t)
 
     def _run(self) -> dict[str, Any]:
         from sandbox import protocol

@@ -264,3 +264,86 @@ def test_the_gate_budget_keeps_the_warm_steps_contexts_out():
     assert warm == 1 and budget == int(int(139.8 * gib) * 0.07) - 3 * gib
     tiny = load_default_config(gpu_memory_share=0.03, gpu_context_bytes=gib, gpu_warm_steps=4)
     assert gpu_gate_budget(int(139.8 * gib), tiny) == (int(int(139.8 * gib) * 0.03), 0)
+
+
+async def test_a_step_that_says_when_it_is_warm_is_told_at_once_and_admitted_only_then():
+    """With ``warmed`` the gate tells a step to warm even on a free device and admits it only once
+    it is warm: its CUDA never starts inside its held window. Without, as before (never told when
+    it fits at once)."""
+    gate = DeviceGate(("gpu", "9.0"), budget=100, warm_slots=2)
+    told: list[str] = []
+    plain = await asyncio.wait_for(gate.admit(10, warm=lambda: told.append("plain")), 1)
+    assert told == [], "a step that never says it is warm is not told when it fits at once"
+    ready = asyncio.Event()
+    first = asyncio.ensure_future(gate.admit(10, warm=lambda: told.append("first"), warmed=ready))
+    await asyncio.sleep(0.01)
+    assert told == ["first"] and not first.done(), "a step told to warm was admitted before it was warm"
+    await gate.warm_done(ready)
+    grant = await asyncio.wait_for(first, 1)
+    assert gate.reserved == 20
+    for g in (grant, plain):
+        await gate.release(g)
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+async def test_steps_that_warm_first_share_within_the_budget_and_all_finish(seed):
+    """Random steps that each take a while to warm: the invariants hold, every one is admitted
+    only after it said it was warm (if told), and none waits forever behind a warming step."""
+    rng = random.Random(seed)
+    gate = DeviceGate(("gpu", "9.0"), budget=100, warm_slots=2, max_holders=3)
+    watch = Watch(gate)
+
+    async def step(need: int) -> None:
+        ready, told = asyncio.Event(), []
+
+        async def warm_later() -> None:
+            await asyncio.sleep(rng.random() * 0.004)   # the judge and runners start CUDA
+            await gate.warm_done(ready)
+
+        def warm() -> None:
+            told.append(True)
+            asyncio.ensure_future(warm_later())
+        grant = await gate.admit(need, freeze=lambda on: None, warm=warm, warmed=ready)
+        assert not told or ready.is_set(), "admitted before it was warm"
+        watch.check()
+        await gate.shared(grant)
+        await asyncio.sleep(rng.random() * 0.003)
+        await gate.exclusive(grant)
+        watch.check()
+        await gate.done(grant)
+        await gate.release(grant)
+        watch.check()
+
+    needs = [rng.choice([5, 10, 30, 60]) for _ in range(40)]
+    await asyncio.wait_for(asyncio.gather(*[step(n) for n in needs]), timeout=30)
+    assert gate.reserved == 0 and not gate.holders
+
+
+async def test_serve_gate_admits_a_step_on_a_free_device_after_it_is_warm():
+    """The free device: the pool says warm first anyway, and the grant (and the held window's
+    clock, ``admitted``) starts only once the judge's warm hook has returned."""
+    import socket
+    import threading
+    import time
+
+    from sandbox.device_gate import serve_gate
+    from sandbox.gate import Gate
+
+    gate = DeviceGate(("gpu", "9.0"), budget=100, warm_slots=1)
+    ours, theirs = socket.socketpair()
+    clock = {"deadline": 0.0}
+    served = asyncio.ensure_future(serve_gate(ours, gate, 40, 60.0, clock, lambda on: None, lambda fp: None))
+    judge, out, warmed_at = Gate(theirs.detach()), {}, []
+
+    def warm() -> None:
+        time.sleep(0.2)                    # CUDA starting in the judge and both runners
+        warmed_at.append(time.monotonic())
+    thread = threading.Thread(target=lambda: out.update(r=judge.wait(None, warm)))
+    thread.start()
+    await asyncio.to_thread(thread.join, 5)
+    assert out["r"][1] == "gpu" and warmed_at, out
+    assert clock["admitted"] >= warmed_at[0], "the held window started before the step was warm"
+    judge.close()
+    await asyncio.wait_for(served, 5)
+    await gate.release(clock["grant"])
+    assert gate.reserved == 0

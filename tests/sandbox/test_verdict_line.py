@@ -157,3 +157,33 @@ _SEEKER = textwrap.dedent('''
                     raise RuntimeError(f"the key is readable: {{found}}")
             return x.clamp_min(0)
 ''')
+
+
+def test_the_outer_process_sees_the_judge_exit_at_once_not_at_its_next_poll():
+    """The judge closes its pipes before its exit status can be read (its CUDA context and PID
+    namespace still being torn down): the outer process wakes on the judge's pidfd, where it polled
+    every 0.2 s, a wait that sat inside every step's GPU window."""
+    import time
+
+    from sandbox.worker import _pump
+
+    log_r, log_w = os.pipe()
+    res_r, res_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the judge: its verdict, its pipes closed, then 30 ms of teardown before it exits
+        os.close(log_r)
+        os.close(res_r)
+        os.write(res_w, b'{"stage": "done"}')
+        os.close(res_w)
+        os.close(log_w)
+        time.sleep(0.03)
+        os._exit(0)
+    os.close(log_w)
+    os.close(res_w)
+    t = time.monotonic()
+    _, raw, status = _pump(log_r, res_r, pid, 1024)
+    took = time.monotonic() - t
+    os.close(log_r)
+    os.close(res_r)
+    assert json.loads(raw) == {"stage": "done"} and os.WIFEXITED(status)
+    assert took < 0.15, f"the judge's exit seen {took:.3f} s after its pipes closed"
