@@ -152,17 +152,17 @@ def main() -> None:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import DictConfig
 
-    from pipeline.config import ConfigError, check, register, resolved_profile
+    from pipeline.config import ConfigError, check, check_required, register, resolved_profile
 
     register()
 
     @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
     def _entry(cfg: DictConfig) -> None:
-        if not (cfg.model.warm_start and cfg.model.path == "tiny"):
-            print(f"[pipeline] no warm start to build: model.warm_start={cfg.model.warm_start}, "
-                  f"model.path={cfg.model.path} (a warm start is for model.path=tiny)", file=sys.stderr)
-            sys.exit(2)
         try:
+            check_required(cfg)  # as pipeline.main does, before anything reads model.path
+            if not (cfg.model.warm_start and cfg.model.path == "tiny"):
+                raise ConfigError(f"no warm start to build: model.warm_start={cfg.model.warm_start}, "
+                                  f"model.path={cfg.model.path} (a warm start is for model.path=tiny)")
             check(cfg)
         except ConfigError as e:
             print(f"[pipeline] {e}", file=sys.stderr, flush=True)

@@ -34,3 +34,9 @@ def test_a_run_without_a_warm_start_is_told_so(tmp_path):
     done = warm_start("+experiment=kernel_multiturn", "profile=laptop", "model.warm_start=null", tmp=tmp_path)
     assert done.returncode == 2
     assert "no warm start to build: model.warm_start=None" in done.stderr
+
+
+def test_model_local_without_a_path_gets_the_projects_message(tmp_path):
+    done = warm_start("+experiment=kernel_multiturn", "model=local", tmp=tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "model.path is not set" in done.stderr and "Traceback" not in done.stderr
