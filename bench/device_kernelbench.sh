@@ -30,15 +30,18 @@ root=.kb/KernelBench
 
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l); [ "$ngpu" -ge 1 ] || ngpu=1
 cores=$(nproc)
-# run steps share a GPU for load and correctness under memory admission and take it alone for
-# timing (sandbox/device_gate.py): enough evaluations in flight that one is always ready to time,
-# within the cores (each evaluation starts four Python processes); inputs are drawn on the device,
-# so tasks with large inputs need no host-memory throttle of their own (--max-big = in flight)
-maxc=${KB_MAXC:-$((12 * ngpu))}
+# one run step on a GPU at a time (sandbox.gpu_max_steps=1) and six evaluations in flight per GPU:
+# sharing a GPU stretched every step's held window (H100, 2026-12-05: level-1 held p50 3.43 s with
+# twelve sharing, 33.7/min), and twelve steps preparing beside the one that holds the GPU slow its
+# Python down (1.92 s with the cap, 28.8/min); six in flight keep one step always warm and ready
+# (31.4 and 32.5/min, held 1.505 and 1.417 s), five too few (29.7/min, 1.35 s). Inputs are drawn
+# on the device, so tasks with large inputs need no host-memory throttle of their own
+# (--max-big = in flight)
+maxc=${KB_MAXC:-$((6 * ngpu))}
 [ "$maxc" -gt "$cores" ] && maxc=$cores
 # the sandbox's defaults (5 trials, 3 warm-up and 20 timed calls, 2 timing buffers, limits sized
-# from the task) but for the build workers of the answers part
-sets=${KB_SETS:-"compile_workers=8 max_jobs=2"}
+# from the task) but for the build workers of the answers part and the one step a GPU above
+sets=${KB_SETS:-"compile_workers=8 max_jobs=2 gpu_max_steps=1"}
 setargs=(); for s in $sets; do setargs+=(--set "$s"); done
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; echo "cores=$cores gpus=$ngpu";
