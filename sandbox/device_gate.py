@@ -12,8 +12,8 @@ A run step's life on its device (docs/sandbox.md, "The device gate"):
    GPU, twelve waiting steps' uncounted contexts pushed newly starting ones out of memory). A
    step's place in the queue only moves forward, so no more than ``warm_slots`` are warm at once.
    A step that says when it is warm (``warmed``, an event) is told even when the device is free
-   and admitted only once it is: its CUDA never starts inside its held window (an evaluation
-   alone, admitted at once, started three contexts there: ~0.3-0.5 s of a 1.86 s window).
+   and admitted only once it is: its CUDA never starts inside its held window (alone, a level-1
+   evaluation held an H100 1.91 s with its three contexts started inside, 1.21 s without).
    A step whose footprint is not known yet and has no estimate, or a step re-run after a failure
    while sharing, is admitted *alone*: the whole budget, exclusive from the start, as the first
    protocol held a GPU. Admission is in arrival order, but a step that fits may go ahead of
