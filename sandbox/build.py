@@ -28,6 +28,7 @@ in the same process can forge, so :func:`build_pch` checks again (:func:`pch_all
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import inspect
 import json
@@ -136,8 +137,13 @@ def step_path(parent_path: str | None = None) -> str:
 
 def build_tools(path: str | None = None) -> str:
     """The build tools a step finds on ``path`` (default :func:`step_path`): part of every build
-    key, so a cache written with one ninja or compiler is never read as up to date by another."""
-    path = step_path() if path is None else path
+    key, so a cache written with one ninja or compiler is never read as up to date by another.
+    Asked once per PATH and process (a pool and the warm start's prebuild stamp ask the same)."""
+    return _tools_on(step_path() if path is None else path)
+
+
+@functools.lru_cache(maxsize=None)
+def _tools_on(path: str) -> str:
     out = []
     for tool, args in (("ninja", ["--version"]), (_compiler(), ["-dumpfullversion"])):
         found = shutil.which(tool, path=path)

@@ -91,7 +91,6 @@ class EvalPool:
         self._cpu_gate: DeviceGate | None = None
         self._footprints: dict[str, int] = {}      # task key -> bytes one run step reserves on its GPU
         self._torch_version: str | None = None
-        self._tools: str | None = None  # the ninja and compiler every step finds (part of build keys)
         self._started = time.monotonic()
         self._stats: Counter[str] = Counter()
         self._closed = False
@@ -166,7 +165,7 @@ class EvalPool:
             return EvalResult.failure("sandbox_error", problem, backend=backend)
         on_gpu = bool(gpus)
         arch = cfg.cuda_arch or (gpus[0][1] if gpus else "")
-        bkey = build_key(cand_src, backend, arch, await self._torch(), await self._build_tools())
+        bkey = build_key(cand_src, backend, arch, await self._torch(), await asyncio.to_thread(build_tools))
         eval_id = f"{_safe(key) + '-' if key else ''}{uuid.uuid4().hex[:10]}"
         eval_dir = self.cache / "work" / eval_id
         try:
@@ -359,11 +358,6 @@ class EvalPool:
 
             self._torch_version = version("torch")
         return self._torch_version
-
-    async def _build_tools(self) -> str:
-        if self._tools is None:
-            self._tools = await asyncio.to_thread(build_tools)
-        return self._tools
 
     def _load_ref_ms(self, tkey: str) -> float | None:
         path = self.cache / "refs" / f"{tkey}.json"
