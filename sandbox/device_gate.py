@@ -11,7 +11,7 @@ A run step's life on its device (docs/sandbox.md, "The device gate"):
    a step) out of the budget, so contexts started before admission are counted too (on an 80 GB
    GPU, twelve waiting steps' uncounted contexts pushed newly starting ones out of memory). A
    step's place in the queue only moves forward, so no more than ``warm_slots`` are warm at once.
-   A step that says when it is warm (``warmed``, an event) is told even when the device is free
+   A step that says when it is warm (``ready``, an event) is told even when the device is free
    and admitted only once it is: its CUDA never starts inside its held window (alone, a level-1
    evaluation held an H100 1.91 s with its three contexts started inside, 1.21 s without).
    A step whose footprint is not known yet and has no estimate, or a step re-run after a failure
@@ -91,19 +91,19 @@ class DeviceGate:
     # --- the step's life -----------------------------------------------------------------------
 
     async def admit(self, need: int | None, freeze: Callable[[bool], None] | None = None,
-                    warm: Callable[[], None] | None = None, warmed: asyncio.Event | None = None) -> Grant:
+                    warm: Callable[[], None] | None = None, ready: asyncio.Event | None = None) -> Grant:
         """Reserve ``need`` units (None, or more than the budget: the whole device, alone). In
         arrival order, but for requests that fit going ahead of earlier ones that do not, each of
         which has waited less than ``overtake_s``. ``warm`` is called (at most once) if the step
-        must wait while it is among the queue's first ``warm_slots``; with ``warmed`` (set through
+        must wait while it is among the queue's first ``warm_slots``; with ``ready`` (set through
         :meth:`warm_done` when the step says its CUDA has started), also when it need not wait, and
         a step told to warm is then admitted only once it is warm."""
         alone = need is None or need >= self.budget
-        grant = Grant(self.budget if alone else max(int(need), 0), alone, freeze, warm=warm, ready=warmed)
+        grant = Grant(self.budget if alone else max(int(need), 0), alone, freeze, warm=warm, ready=ready)
         async with self._cond:
             self._admit_queue.append(grant)
             try:
-                if warmed is not None or not self._may_admit(grant):
+                if ready is not None or not self._may_admit(grant):
                     self._warm_next()
                 await self._cond.wait_for(lambda: self._may_admit(grant))
             except BaseException:
@@ -149,10 +149,10 @@ class DeviceGate:
                 g.warmed = True
                 g.warm()
 
-    async def warm_done(self, warmed: asyncio.Event) -> None:
-        """The step whose ``admit`` was given ``warmed`` says its CUDA has started."""
+    async def warm_done(self, ready: asyncio.Event) -> None:
+        """The step whose ``admit`` was given ``ready`` says its CUDA has started."""
         async with self._cond:
-            warmed.set()
+            ready.set()
             self._cond.notify_all()
 
     async def shared(self, grant: Grant) -> None:
@@ -252,9 +252,9 @@ async def serve_gate(sock: Any, gate: DeviceGate, need: int | None, limit_s: flo
                 if need == -1:
                     fp = msg.get("footprint")
                     need = estimate(fp) if isinstance(fp, dict) else None
-                warmed = asyncio.Event()
+                ready = asyncio.Event()
                 admitting = asyncio.ensure_future(
-                    gate.admit(need, freeze, lambda: writer.write(b'{"warm": true}\n'), warmed))
+                    gate.admit(need, freeze, lambda: writer.write(b'{"warm": true}\n'), ready))
                 while not admitting.done():
                     pending = pending or asyncio.ensure_future(reader.readline())
                     await asyncio.wait({admitting, pending}, return_when=asyncio.FIRST_COMPLETED)
@@ -264,7 +264,7 @@ async def serve_gate(sock: Any, gate: DeviceGate, need: int | None, limit_s: flo
                         if said is None:
                             return   # the judge is gone: the admission is cancelled below
                         if said.get("warmed"):
-                            await gate.warm_done(warmed)
+                            await gate.warm_done(ready)
                 grant = clock["grant"] = admitting.result()
                 admitting = None
                 await gate.shared(grant)

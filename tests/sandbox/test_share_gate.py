@@ -267,7 +267,7 @@ def test_the_gate_budget_keeps_the_warm_steps_contexts_out():
 
 
 async def test_a_step_that_says_when_it_is_warm_is_told_at_once_and_admitted_only_then():
-    """With ``warmed`` the gate tells a step to warm even on a free device and admits it only once
+    """With ``ready`` the gate tells a step to warm even on a free device and admits it only once
     it is warm: its CUDA never starts inside its held window. Without, as before (never told when
     it fits at once)."""
     gate = DeviceGate(("gpu", "9.0"), budget=100, warm_slots=2)
@@ -275,7 +275,7 @@ async def test_a_step_that_says_when_it_is_warm_is_told_at_once_and_admitted_onl
     plain = await asyncio.wait_for(gate.admit(10, warm=lambda: told.append("plain")), 1)
     assert told == [], "a step that never says it is warm is not told when it fits at once"
     ready = asyncio.Event()
-    first = asyncio.ensure_future(gate.admit(10, warm=lambda: told.append("first"), warmed=ready))
+    first = asyncio.ensure_future(gate.admit(10, warm=lambda: told.append("first"), ready=ready))
     await asyncio.sleep(0.01)
     assert told == ["first"] and not first.done(), "a step told to warm was admitted before it was warm"
     await gate.warm_done(ready)
@@ -303,7 +303,7 @@ async def test_steps_that_warm_first_share_within_the_budget_and_all_finish(seed
         def warm() -> None:
             told.append(True)
             asyncio.ensure_future(warm_later())
-        grant = await gate.admit(need, freeze=lambda on: None, warm=warm, warmed=ready)
+        grant = await gate.admit(need, freeze=lambda on: None, warm=warm, ready=ready)
         assert not told or ready.is_set(), "admitted before it was warm"
         watch.check()
         await gate.shared(grant)
