@@ -58,6 +58,12 @@ mkdir -p "$out"
 KS=${KS:-0} STEPS=${STEPS:-4} SHARE=${SHARE:-0.009} BUDGET=${BUDGET:-0} LIMIT=${LIMIT:-560}
 TURNS=${TURNS:-1} NTRAJ=${NTRAJ:-224} RESP=${RESP:-512} ANSWER_TASKS=${ANSWER_TASKS:-3}
 SEQS=$((NTRAJ * 3))
+# The trainer's peak at this workload was 33.7 GiB allocated, 36.7 GiB reserved (ninth session,
+# H200): 0.40 of an H200 (56 GiB) holds it, 0.40 of an 80 GB H100 (32 GiB) would not, so an H100
+# gives the trainer 0.55 (44 GiB) and the evaluator's processes what is left (~0.15).
+gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n 1)
+if [ "${gpu_mib:-0}" -lt 100000 ]; then TRAINER_FRAC=${TRAINER_FRAC:-0.55}; else TRAINER_FRAC=${TRAINER_FRAC:-0.4}; fi
+SAMPLER_FRAC=${SAMPLER_FRAC:-0.3}
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv >"$out/gpu.txt" 2>&1
 # the GPU's clocks, power and use twice a second for the whole run (gpu_clocks_k<k>.csv): whether
 # a phase ran at lower clocks (an H200 with little to do clocks down; the judge already warms it
@@ -71,7 +77,7 @@ timeout -k 15 "$LIMIT" python3 -m bench.pipeline --ks "$KS" --steps "$STEPS" --b
   model.dtype=bfloat16 model.tiny.vocab_size=151936 model.tiny.hidden_size=896 \
   model.tiny.intermediate_size=4864 model.tiny.num_hidden_layers=24 model.tiny.num_attention_heads=14 \
   model.tiny.num_key_value_heads=2 model.tiny.tie_word_embeddings=true model.tiny.max_position_embeddings=8192 \
-  resources.sampler.gpu_memory_fraction=0.3 resources.trainer.gpu_memory_fraction=0.4 \
+  resources.sampler.gpu_memory_fraction=$SAMPLER_FRAC resources.trainer.gpu_memory_fraction=$TRAINER_FRAC \
   rollout.engine.vllm.max_model_len=8192 rollout.engine.vllm.max_num_seqs=$SEQS rollout.engine.max_inflight=$SEQS \
   pipeline.tasks_per_batch=3 rollout.n_trajectories=$NTRAJ \
   rollout.turns=$TURNS rollout.max_prompt_length=4096 rollout.max_response_length=$RESP \
