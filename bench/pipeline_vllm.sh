@@ -71,7 +71,13 @@ nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv >"$out/gpu.txt
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,utilization.gpu,power.draw,temperature.gpu \
   --format=csv,nounits -lms 500 >"$out/gpu_clocks_k$KS.csv" 2>/dev/null &
 clocks=$!
-timeout -k 15 "$LIMIT" python3 -m bench.pipeline --ks "$KS" --steps "$STEPS" --budget-s "$BUDGET" \
+# SIGTERM GRACE s before LIMIT: the loop finishes the step under way, checkpoints it (to /tmp, not
+# $OUT: a 0.5B trainer's state is GBs) and stops (pipeline/loop.py), so the JSON holds every
+# finished step; the kill comes at LIMIT. --foreground: the signal goes to bench.pipeline alone;
+# without it timeout signals its whole process group, Ray's processes included, and the stopped
+# loop then hung in the session's close (seen on the CPU box: no JSON after the stop)
+GRACE=${GRACE:-75}
+timeout --foreground -k "$GRACE" "$((LIMIT - GRACE))" python3 -m bench.pipeline --ks "$KS" --steps "$STEPS" --budget-s "$BUDGET" \
   --stored-answers --answer-share "$SHARE" --answer-tasks "$ANSWER_TASKS" --run-root "$out/runs" --out "$out/pipeline_vllm_kernel.json" -- \
   +experiment=kernel_multiturn resources=one_gpu rollout=vllm reward.backend=cuda reward.profile=cpu \
   model.dtype=bfloat16 model.tiny.vocab_size=151936 model.tiny.hidden_size=896 \
@@ -83,7 +89,7 @@ timeout -k 15 "$LIMIT" python3 -m bench.pipeline --ks "$KS" --steps "$STEPS" --b
   rollout.turns=$TURNS rollout.max_prompt_length=4096 rollout.max_response_length=$RESP \
   "rollout.response_length_schedule=[]" algorithm.drop_zero_adv_groups=false algorithm.overlong_filter=off \
   algorithm.micro_batch_tokens=16384 trainer.compile_layers=false trainer.compile_head=false \
-  sandbox.cache_dir=/tmp/bench_pipeline_build_cache \
+  sandbox.cache_dir=/tmp/bench_pipeline_build_cache checkpoint.dir=/tmp/bench_pipeline_ckpt \
   sandbox.compile_workers=4 "$@" >"$out/pipeline_vllm_kernel.log" 2>&1
 rc=$?
 kill "$clocks" 2>/dev/null
