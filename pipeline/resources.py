@@ -347,11 +347,20 @@ def leave_room_for_pools(cfg: Any, colocated: bool) -> None:
     so; ``colocated``: the trainer shares the sampler's GPU): the sandbox's
     admission counts its own steps' footprints against that share and knows nothing of the pools'
     processes, so with its default 0.9 beside a vLLM engine at 0.45 and a trainer at 0.45
-    evaluations would run the GPU out of memory."""
+    evaluations would run the GPU out of memory. There every timed step also times the reference
+    (``sandbox.reference_per_step``)."""
     from pipeline.config import ConfigError  # pipeline.config imports this module
 
     if cfg.env != "kernel" or cfg.reward.backend not in ("cuda", "triton"):
         return
+    r = cfg.resources
+    if r.evaluator.gpus == 0 and r.sampler.gpus > 0 and not cfg.sandbox.reference_per_step:
+        # a reference timed once (cached) and an answer timed while the engine or the trainer runs
+        # beside it are not a ratio: the same stored answers scored 1.0-1.2x in sync mode and 0.15x
+        # in one_off's steps that overlapped training (H100, 2026-12-06, reference cached)
+        print("[pipeline] kernel evaluations share the sampler's GPU: sandbox.reference_per_step -> true "
+              "(each answer's ratio to a reference timed under the same load)", file=sys.stderr, flush=True)
+        cfg.sandbox.reference_per_step = True
     engine = cfg.rollout.engine
     got = evaluator_memory_share(cfg.resources, colocated, engine.type,
                                  float(engine.vllm.gpu_memory_utilization), cfg.sandbox.gpu_memory_share)

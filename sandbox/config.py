@@ -44,6 +44,7 @@ class EvalConfig:
     compile_workers: int = MISSING         # compile steps in flight in one pool
     cache_dir: str | None = MISSING        # null: a directory under the system temp dir
     excessive_speedup_threshold: float = MISSING  # speedups above this get the flag excessive_speedup
+    reference_per_step: bool = MISSING     # time the reference in every timed step, not once per task (a GPU shared with other work)
     gpu_ids: list[int] = field(default_factory=list)  # empty: every visible GPU
     cpu_run_slots: int | None = MISSING    # cpu backend: run steps sharing the host for correctness (null: no gate)
     gpu_memory_share: float = MISSING      # share of a GPU's memory run steps may reserve at once (0: one step at a time)

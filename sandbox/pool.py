@@ -226,7 +226,8 @@ class EvalPool:
                    tolerance={k: dataclasses.asdict(v) for k, v in cfg.tolerance.items()},
                    flush_bytes=cfg.gpu_flush_bytes if on_gpu else cfg.cpu_flush_bytes,
                    poison_bytes=cfg.poison_bytes, excessive_speedup_threshold=cfg.excessive_speedup_threshold,
-                   cpu_threads=cfg.cpu_threads, ref_runtime_ms=ref_ms, timeout_s=run_limit(cfg, ref_ms),
+                   cpu_threads=cfg.cpu_threads, ref_runtime_ms=None if cfg.reference_per_step else ref_ms,
+                   timeout_s=run_limit(cfg, ref_ms),
                    call_limit_s=call_limit(cfg, ref_ms), timed=timed)
         limit = req["timeout_s"] + max(30.0, req["timeout_s"])
         # a task's first GPU step runs alone and measures what later ones reserve; the host's slots
@@ -234,8 +235,9 @@ class EvalPool:
         need: int | None = self._footprints.get(tkey, -1) if on_gpu else 1  # -1: the judge's estimate
         # steps of a task launched before its reference time was known: the first to reach its timing
         # window times the reference, the others learn that time from the gate
+        # (with reference_per_step each step times its own: the load beside it is the answer's load)
         ref_time = (lambda: self._ref_ms.get(tkey), lambda ms: self._store_ref_ms(tkey, ms)) \
-            if timed and ref_ms is None else None
+            if timed and ref_ms is None and not cfg.reference_per_step else None
         attempt = lost = 0
         while True:
             out = await self._launcher.step(req, "run", bkey, eval_dir / f"run{attempt}", eval_id, cfg, backend,

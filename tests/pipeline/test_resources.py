@@ -103,19 +103,24 @@ def test_the_job_lowers_the_sandbox_share_or_stops_naming_the_fractions():
     from pipeline.config import ConfigError
     from pipeline.resources import leave_room_for_pools
 
-    def job(fs, ft, backend="cuda"):
+    def job(fs, ft, backend="cuda", evaluator_gpus=0):
         return OmegaConf.create({
-            "env": "kernel", "reward": {"backend": backend}, "sandbox": {"gpu_memory_share": 0.9},
+            "env": "kernel", "reward": {"backend": backend},
+            "sandbox": {"gpu_memory_share": 0.9, "reference_per_step": False},
             "rollout": {"engine": {"type": "vllm", "vllm": {"gpu_memory_utilization": 0.85}}},
             "resources": OmegaConf.structured(resources(**{
                 "sampler.gpus": 1, "trainer.gpus": 1, "sampler.gpu_memory_fraction": fs,
-                "trainer.gpu_memory_fraction": ft}))})
+                "trainer.gpu_memory_fraction": ft, "evaluator.gpus": evaluator_gpus}))})
 
     cfg = job(0.25, 0.3)
     leave_room_for_pools(cfg, colocated=True)
     assert cfg.sandbox.gpu_memory_share == pytest.approx(0.42)
+    assert cfg.sandbox.reference_per_step  # answers timed beside the pools: the reference too
     cpu = job(0.5, 0.5, backend="cpu")   # C++ kernels never touch the GPU
     leave_room_for_pools(cpu, colocated=True)
-    assert cpu.sandbox.gpu_memory_share == 0.9
+    assert cpu.sandbox.gpu_memory_share == 0.9 and not cpu.sandbox.reference_per_step
+    own = job(0.5, 0.5, evaluator_gpus=1)  # evaluations on GPUs of their own: the cached reference holds
+    leave_room_for_pools(own, colocated=True)
+    assert not own.sandbox.reference_per_step
     with pytest.raises(ConfigError, match="trainer.gpu_memory_fraction=0.5"):
         leave_room_for_pools(job(0.5, 0.5), colocated=True)

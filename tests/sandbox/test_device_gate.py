@@ -127,6 +127,23 @@ async def test_steps_of_a_task_started_together_time_its_reference_once(sandbox_
     assert all(r.speedup == r.ref_runtime_ms / r.new_runtime_ms for r in results)
 
 
+async def test_reference_per_step_times_the_reference_beside_every_answer(sandbox_cfg):
+    """On a GPU shared with a trainer or an engine (pipeline.main sets ``reference_per_step``) a
+    reference timed once is not timed under the load the answer met: every timed step times it
+    again, even with a time cached for the task (which still sizes the limits); by default the
+    second step uses the cached time."""
+    task = ADD + "\n# a task of its own: reference_per_step\n"
+    answers = [_LOGGING_ANSWER + f"\n# per-step variant {i}\n" for i in range(3)]
+    async with EvalPool(sandbox_cfg) as pool:  # cached: the first step times it, the next does not
+        cached = [await pool.evaluate(task, a, "cpu") for a in answers[:2]]
+    assert ["ref_timing" in r.wall_s for r in cached] == [True, False], [r.wall_s for r in cached]
+    per_step = dataclasses.replace(sandbox_cfg, reference_per_step=True)
+    async with EvalPool(per_step) as pool:  # the same cache dir: the task's time is known there
+        again = [await pool.evaluate(task, a, "cpu") for a in answers[1:]]
+    assert all(r.correct and r.timed and "ref_timing" in r.wall_s for r in again), [r.wall_s for r in again]
+    assert all(r.speedup == r.ref_runtime_ms / r.new_runtime_ms for r in again)
+
+
 async def test_waiting_steps_told_to_warm_answer_it_and_still_score(sandbox_cfg):
     """The warm exchange end to end (judge, both runners) on the host's gate: one step at a time
     (budget 1), the first told to warm although the device is free, the next two while they wait;
