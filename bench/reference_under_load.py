@@ -1,0 +1,83 @@
+"""A stored answer's speedup while another process loads the GPU, with the task's reference time
+cached from a quiet GPU and with the reference timed in every step (``sandbox.reference_per_step``).
+
+Why: in the one-GPU vLLM pipeline (docs/performance.md, eighteenth session) the same stored answers
+scored 1.0-1.2x in sync mode and 0.15x in one_off's steps that overlapped training, with the
+reference timed once and cached. This measures that bias without Ray or vLLM: the load is a
+process issuing bf16 matmuls back to back (a trainer's shape of work), the answers are the
+project's stored ones (rewards/solutions/cuda).
+
+    python -m bench.reference_under_load --task L1/12_softmax --repeats 3 --out ref_load.json
+
+Prints one line per evaluation and writes the JSON: quiet speedup, then under load cached and per
+step. A ratio near the quiet one under load is what the reward should see.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+_LOAD = """
+import sys, torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+print("load running", flush=True)
+while True:
+    for _ in range(20):
+        c = a @ b
+    torch.cuda.synchronize()
+"""
+
+
+async def _evaluate(cfg, task_src: str, answer: str, label: str, n: int) -> list[dict]:
+    from sandbox.pool import EvalPool
+
+    out = []
+    async with EvalPool(cfg) as pool:
+        for i in range(n):
+            r = await pool.evaluate(task_src, answer + f"\n# {label} {i} {time.time()}\n", "cuda")
+            row = {"label": label, "correct": r.correct, "speedup": r.speedup, "ref_ms": r.ref_runtime_ms,
+                   "new_ms": r.new_runtime_ms, "ref_timed_here": "ref_timing" in r.wall_s,
+                   "error": r.error_kind}
+            print(json.dumps(row), flush=True)
+            out.append(row)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--task", default="L1/12_softmax")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--cache-dir", default="/tmp/reference_under_load")
+    p.add_argument("--out", default="reference_under_load.json")
+    args = p.parse_args()
+    from rewards.solutions import load_solution
+    from rewards.tasks.loader import load_task_file
+    from sandbox.config import load_default_config
+
+    level, stem = args.task.split("/")
+    path = Path(__file__).resolve().parent.parent / "rewards" / "tasks" / "builtin" / f"level{level[1:]}" / f"{stem}.py"
+    task = load_task_file(path, int(level[1:]))
+    answer = load_solution("cuda", args.task)
+    cfg = load_default_config(cache_dir=args.cache_dir, backend="cuda")
+    rows = asyncio.run(_evaluate(cfg, task.source, answer, "quiet", 1))
+    load = subprocess.Popen([sys.executable, "-c", _LOAD], stdout=subprocess.PIPE, text=True)
+    try:
+        load.stdout.readline()
+        time.sleep(2.0)
+        rows += asyncio.run(_evaluate(cfg, task.source, answer, "load_cached", args.repeats))
+        per_step = dataclasses.replace(cfg, reference_per_step=True)
+        rows += asyncio.run(_evaluate(per_step, task.source, answer, "load_per_step", args.repeats))
+    finally:
+        load.kill()
+    Path(args.out).write_text(json.dumps({"task": args.task, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
