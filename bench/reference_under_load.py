@@ -9,8 +9,8 @@ project's stored ones (rewards/solutions/cuda).
 
     python -m bench.reference_under_load --task L1/12_softmax --repeats 3 --out ref_load.json
 
-Prints one line per evaluation and writes the JSON: quiet speedup, then under load cached and per
-step. A ratio near the quiet one under load is what the reward should see.
+Prints one line per evaluation and rewrites the JSON after each: quiet, then under load per step
+and cached. A ratio near the quiet one under load is what the reward should see.
 """
 from __future__ import annotations
 
@@ -35,10 +35,9 @@ while True:
 """
 
 
-async def _evaluate(cfg, task_src: str, answer: str, label: str, n: int) -> list[dict]:
+async def _evaluate(cfg, task_src: str, answer: str, label: str, n: int, rows: list[dict], out: Path) -> None:
     from sandbox.pool import EvalPool
 
-    out = []
     async with EvalPool(cfg) as pool:
         for i in range(n):
             r = await pool.evaluate(task_src, answer + f"\n# {label} {i} {time.time()}\n", "cuda")
@@ -46,8 +45,8 @@ async def _evaluate(cfg, task_src: str, answer: str, label: str, n: int) -> list
                    "new_ms": r.new_runtime_ms, "ref_timed_here": "ref_timing" in r.wall_s,
                    "error": r.error_kind}
             print(json.dumps(row), flush=True)
-            out.append(row)
-    return out
+            rows.append(row)
+            out.write_text(json.dumps({"rows": rows}, indent=1))  # a run cut short keeps its rows
 
 
 def main() -> None:
@@ -66,17 +65,20 @@ def main() -> None:
     task = load_task_file(path, int(level[1:]))
     answer = load_solution("cuda", args.task)
     cfg = load_default_config(cache_dir=args.cache_dir, backend="cuda")
-    rows = asyncio.run(_evaluate(cfg, task.source, answer, "quiet", 1))
+    rows: list[dict] = []
+    out = Path(args.out)
+    asyncio.run(_evaluate(cfg, task.source, answer, "quiet", 1, rows, out))
     load = subprocess.Popen([sys.executable, "-c", _LOAD], stdout=subprocess.PIPE, text=True)
     try:
         load.stdout.readline()
         time.sleep(2.0)
-        rows += asyncio.run(_evaluate(cfg, task.source, answer, "load_cached", args.repeats))
+        # per step first: on the H100 the cached phase alone (3 evaluations under load) reached the
+        # call's limit before this one began (bench/results/h100/2026-12-06/reference_under_load.log)
         per_step = dataclasses.replace(cfg, reference_per_step=True)
-        rows += asyncio.run(_evaluate(per_step, task.source, answer, "load_per_step", args.repeats))
+        asyncio.run(_evaluate(per_step, task.source, answer, "load_per_step", args.repeats, rows, out))
+        asyncio.run(_evaluate(cfg, task.source, answer, "load_cached", args.repeats, rows, out))
     finally:
         load.kill()
-    Path(args.out).write_text(json.dumps({"task": args.task, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
