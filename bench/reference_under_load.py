@@ -57,12 +57,12 @@ def main() -> None:
     p.add_argument("--out", default="reference_under_load.json")
     args = p.parse_args()
     from rewards.solutions import load_solution
-    from rewards.tasks.loader import load_task_file
+    from rewards.tasks import load_builtin
     from sandbox.config import load_default_config
 
-    level, stem = args.task.split("/")
-    path = Path(__file__).resolve().parent.parent / "rewards" / "tasks" / "builtin" / f"level{level[1:]}" / f"{stem}.py"
-    task = load_task_file(path, int(level[1:]))
+    task = next((t for t in load_builtin() if t.id == args.task), None)
+    if task is None:
+        sys.exit(f"--task {args.task}: not a built-in task (rewards/tasks/builtin)")
     answer = load_solution("cuda", args.task)
     cfg = load_default_config(cache_dir=args.cache_dir, backend="cuda")
     rows: list[dict] = []

@@ -317,6 +317,11 @@ def assign_evaluator_gpus(sampler_nodes: list[str], eval_gpus: list[tuple[str, i
 _CONTEXT_MARGIN = 0.03
 
 
+def evaluations_on_sampler_gpu(cfg: ResourcesConfig) -> bool:
+    """Kernel evaluations run on a sampler worker's own GPU: no evaluator GPUs, GPU samplers."""
+    return cfg.evaluator.gpus == 0 and cfg.sampler.gpus > 0
+
+
 def evaluator_memory_share(cfg: ResourcesConfig, colocated: bool, engine: str,
                            engine_fraction: float, sandbox_share: float) -> tuple[float, str] | None:
     """The share of its GPU's memory kernel evaluations may reserve where they run on the sampler
@@ -327,7 +332,7 @@ def evaluator_memory_share(cfg: ResourcesConfig, colocated: bool, engine: str,
     small enough). ``engine_fraction``: vLLM's ``gpu_memory_utilization`` where the GPU is not
     shared (the pool's fraction replaces it where it is)."""
     s, t = cfg.sampler, cfg.trainer
-    if cfg.evaluator.gpus > 0 or s.gpus == 0:
+    if not evaluations_on_sampler_gpu(cfg):
         return None
     if colocated:
         taken = s.gpu_memory_fraction + t.gpu_memory_fraction
@@ -353,8 +358,7 @@ def leave_room_for_pools(cfg: Any, colocated: bool) -> None:
 
     if cfg.env != "kernel" or cfg.reward.backend not in ("cuda", "triton"):
         return
-    r = cfg.resources
-    if r.evaluator.gpus == 0 and r.sampler.gpus > 0 and not cfg.sandbox.reference_per_step:
+    if evaluations_on_sampler_gpu(cfg.resources) and not cfg.sandbox.reference_per_step:
         # a reference timed once (cached) and an answer timed while the engine or the trainer runs
         # beside it are not a ratio: the same stored answers scored 1.0-1.2x in sync mode and 0.15x
         # in one_off's steps that overlapped training (H100, 2026-12-06, reference cached)
