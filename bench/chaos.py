@@ -24,7 +24,7 @@ an unfaulted run itself falls below it 1/(n+1) of the time, 1/4 with 3). The fau
 means are also compared by a permutation test (``reward_p_value``: the share of 10 000 random
 relabellings of the pooled runs whose mean difference is at least the observed one, two-sided).
 
-    python -m bench.chaos --runs 20 --clean-runs 12 --steps 8 --kills 3 --out bench/results/cpu/chaos.json
+    python -m bench.chaos --runs 20 --clean-runs 12 --steps 8 --kills 3 --out bench/baselines/cpu/chaos.json
 
 Written by hand: no library injects faults into Ray actors by role at random moments.
 """

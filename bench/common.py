@@ -33,6 +33,15 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def baseline_path(name: str) -> str:
+    """``bench/baselines/<device>/<name>.json``: where the JSON behind a figure of docs/performance.md
+    is kept (device ``cpu``, ``h100``, ``h200``, or the GPU's name in lower case)."""
+    gpu = machine().get("gpu", "")
+    device = next((d for d in ("h100", "h200") if d in gpu.lower()), None)
+    device = device or ("".join(c if c.isalnum() else "_" for c in gpu.lower()).strip("_") or "cpu")
+    return f"bench/baselines/{device}/{name}.json"
+
+
 def percentile(xs: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (q in [0, 100]); nan for an empty list."""
     if not xs:

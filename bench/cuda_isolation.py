@@ -6,7 +6,7 @@ which measure is to blame, so the fix can be the narrowest one. Each row applies
 names (with the functions the worker uses, in the worker's order) to a fresh child, then runs the
 pool's own CUDA probe.
 
-    python -m bench.cuda_isolation --out bench/results/h200/cuda_isolation.json
+    python -m bench.cuda_isolation --out bench/baselines/h200/cuda_isolation.json
 """
 from __future__ import annotations
 

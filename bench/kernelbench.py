@@ -6,7 +6,7 @@ the harness's doing, not a kernel's. Throughput (``--answers DIR``): our own CUD
 ``<level>_<task file stem>.py``, a cold round (distinct builds) then a cached round.
 
     python -m bench.kernelbench --root .kb/KernelBench --levels 1 2 --backend cuda \
-        --max-concurrent 8 --budget-s 300 --out bench/results/h200/kernelbench_selftest.json
+        --max-concurrent 8 --budget-s 300 --out bench/baselines/h200/kernelbench_selftest.json
     python -m bench.kernelbench --root .kb/KernelBench --answers bench/kernelbench_answers --backend cuda
 
 Progress lines go to stderr; the markdown summary goes to stdout last (a device call's tail).

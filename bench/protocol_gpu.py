@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.common import baseline_path
 from sandbox.config import load_default_config
 from sandbox.pool import EvalPool
 
@@ -95,7 +96,7 @@ CASES = {
 
 async def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="bench/results/h200/protocol_gpu.json")
+    ap.add_argument("--out", default=None, help="default: bench/baselines/<device>/protocol_gpu.json")
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--only", nargs="*", default=None)
     a = ap.parse_args(argv)
@@ -116,8 +117,9 @@ async def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
         stats = pool.stats()
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"rows": rows, "stats": stats}, indent=1))
+    out = Path(a.out or baseline_path("protocol_gpu"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"rows": rows, "stats": stats}, indent=1))
     return 0 if all(r["ok"] for r in rows) else 1
 
 

@@ -73,7 +73,7 @@ def main() -> None:
         load.stdout.readline()
         time.sleep(2.0)
         # per step first: on the H100 the cached phase alone (3 evaluations under load) reached the
-        # call's limit before this one began (bench/results/h100/2026-12-06/reference_under_load.log)
+        # call's limit before this one began (2026-12-06)
         per_step = dataclasses.replace(cfg, reference_per_step=True)
         asyncio.run(_evaluate(per_step, task.source, answer, "load_per_step", args.repeats, rows, out))
         asyncio.run(_evaluate(cfg, task.source, answer, "load_cached", args.repeats, rows, out))
