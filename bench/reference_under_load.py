@@ -1,7 +1,7 @@
 """A stored answer's speedup while another process loads the GPU, with the task's reference time
 cached from a quiet GPU and with the reference timed in every step (``sandbox.reference_per_step``).
 
-Why: in the one-GPU vLLM pipeline (docs/performance.md, eighteenth session) the same stored answers
+Why: in the one-GPU vLLM pipeline (H100, 2026-12-06; docs/performance.md, reward correctness) the same stored answers
 scored 1.0-1.2x in sync mode and 0.15x in one_off's steps that overlapped training, with the
 reference timed once and cached. This measures that bias without Ray or vLLM: the load is a
 process issuing bf16 matmuls back to back (a trainer's shape of work), the answers are the
