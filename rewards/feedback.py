@@ -36,6 +36,9 @@ RUNTIME_VIOLATIONS = {
                      "result)", "Compute every call's output from its own inputs; do not cache results."),
     "forged_message": ("wrote to the evaluator's channel (a message that was not the protocol's)",
                        "Do not write to the evaluator's file descriptors or streams."),
+    "host_poison_disabled": ("turned off the evaluator's poison of fresh host memory (glibc's M_PERTURB) during "
+                             "a correctness call, which hides outputs left unwritten",
+                             "Leave the allocator's settings alone and write every element of every output."),
     "degenerate_check": ("made the correctness check degenerate",
                          "Return real outputs of the right shape and values; the check must be able to fail."),
 }
@@ -118,7 +121,8 @@ def result_feedback(result: EvalResult, log_chars: int, score: float, note: str 
         return (f"Your kernel ran but {where} is wrong{detail}; {result.trials_passed}/{result.trials} trials "
                 f"passed.{why}\nCheck indexing, boundary handling, reduction axes and shapes.")
     if kind == "timeout":
-        return f"Your kernel ran past the time limit (hang or far too slow).\n{log}".rstrip()
+        return ("Your kernel did not finish within the time limit: it never ends (a loop whose bound or exit "
+                f"condition is wrong, a wait that is never met) or it is far too slow.\n{log}").rstrip()
     if kind == "memory_limit":
         return "Your kernel exceeded the memory limit of an evaluation."
     if kind == "runtime_error":

@@ -7,7 +7,7 @@ import secrets
 import time
 from typing import Any
 
-from sandbox import checks, share, sweep
+from sandbox import checks, host_poison, share, sweep
 from sandbox.gate import Gate
 from sandbox.input_sets import InputSets
 from sandbox.judge import Lost, Runner
@@ -27,6 +27,7 @@ class RunStep(InputSets):
         self.result: dict[str, Any] = {"stage": "correctness", "compiled": False, "wall_s": {}, "flags": []}
         self.measured_ref_ms: float | None = None  # the reference time this step measured (the pool keeps it)
         self._first_call = True  # the answer's first call gets a longer call limit
+        self._poison = 0  # the poison of the candidate's last call (0: none asked)
         self.rng = secrets.SystemRandom()   # which timed calls are checked: nothing a runner can predict
         # the seeds of timed calls' inputs: unpredictable, or an answer could draw the next inputs
         # itself outside the timed windows and answer a timed call from that
@@ -37,6 +38,8 @@ class RunStep(InputSets):
 
         req = self.req
         self.task = protocol.load_task(req.task_src, req.workdir)
+        # where glibc keeps the allocation poison: the same address in the runners, forks of this process
+        self.poison_at = host_poison.locate()
         # both runners before CUDA starts here: a fork after CUDA init breaks CUDA in the child
         self.ref = Runner.fork("reference", req, self.task)
         self.cand = Runner.fork("candidate", req, self.task)
@@ -77,6 +80,9 @@ class RunStep(InputSets):
         for r in (self.ref, self.cand):
             msg, _ = r.reply("ready", prep_deadline)
             if r is self.cand:  # sent before any answer code was imported there
+                if self.poison_at is not None and host_poison.read(r.pid, self.poison_at) is None:
+                    self.poison_at = None  # this host's rules keep the judge out: not checkable, said so
+                    self.result["host_poison"] = "unchecked: the candidate's memory is not readable to the judge"
                 reported = msg.get("isolation")
                 self.result["candidate_isolation"] = [m for m in reported if isinstance(m, str)] \
                     if isinstance(reported, list) else []
@@ -208,9 +214,16 @@ class RunStep(InputSets):
         """One call of runner ``r`` on its set ``k``: (its output descriptors, not yet opened,
         seconds on the judge's clock, the descriptors' fds)."""
         seed = (self.sets[k] if k >= 0 else self.check_set)["seed"]
+        # Before the clock starts (issue 40): the runner drops its last outputs, poisons and seeds
+        # the generator from the inputs' own seed (a random op in the task, dropout, then draws the
+        # same values in both runners). The call that follows is the forward and its outputs alone.
+        msg, fds = r.ask("prep", self.deadline, poison=poison, rng=seed)
+        share._close_all(fds)
+        if not msg["ok"]:
+            kind, st, error = reported_failure(msg, stage)
+            raise Lost("reference_error", f"reference: {error}", stage) if r is self.ref else Lost(kind, error, stage)
+        self._poisoned(r, poison, "before", stage)
         t0 = _perf_counter()
-        # the generator is seeded from the inputs' own seed before each call in both runners: a
-        # random op in the task (dropout) draws the same values in both
         deadline, own, limit = self.deadline, None, 0.0
         if r is self.cand:
             if self.req.call_limit_s:  # sized from the task's known reference time
@@ -221,13 +234,17 @@ class RunStep(InputSets):
                 deadline = min(deadline, own)
             self._first_call = False
         try:
-            msg, fds = r.ask("call", deadline, set=k, poison=poison, rng=seed)
+            msg, fds = r.ask("call", deadline, set=k)
         except Lost as lost:
             if lost.kind == "timeout" and own is not None and deadline == own:
-                raise Lost("timeout", f"one call of the answer ran past {limit:.0f} s, "
+                raise Lost("timeout", f"one call of the answer did not finish within {limit:.0f} s, "
                            f"{limit * 1000.0 / (self.req.ref_runtime_ms or 1.0):.0f}x the reference's "
                            f"{self.req.ref_runtime_ms:.3g} ms: a kernel that does not end, or one far too "
                            "slow to score", stage, ("call_over_limit",)) from None
+            if lost.kind == "timeout" and r is self.cand:
+                raise Lost("timeout", f"a call of the answer did not finish within the step's run time limit "
+                           f"({_perf_counter() - t0:.1f} s into the call): a kernel that does not end, or one "
+                           "far too slow to score", stage) from None
             raise
         seconds = _perf_counter() - t0
         if not msg["ok"]:
@@ -238,9 +255,17 @@ class RunStep(InputSets):
             flag = msg.get("flag")
             raise Lost(kind, error, st if st != "load" else stage,
                        (flag,) if kind == "rule_violation" and flag in RUNNER_FLAGS else ())
+        self._poison = poison if r is self.cand else 0  # checked again once its outputs are open (_checked)
         if r is self.ref and isinstance(msg.get("peak_bytes"), int):
             self.result.setdefault("task_profile", {})["reference_peak_bytes"] = msg["peak_bytes"]
         return msg.get("outputs"), seconds, fds  # type: ignore[return-value]
+
+    def _poisoned(self, r: Runner, poison: int, when: str, stage: str) -> None:
+        """A correctness call of the candidate with its host poison off is a rule violation (issue 40):
+        checked here, in the runner's memory, not asked of the runner."""
+        why = host_poison.disabled(r.pid, self.poison_at, when) if poison and r is self.cand else None
+        if why:
+            raise Lost("rule_violation", why, stage, ("host_poison_disabled",))
 
     def _open(self, r: Runner, descs: Any, fds: list[int], k: int, stage: str) -> share.Imported:
         """Map a runner's outputs after checking that none aliases an input or another output."""
@@ -284,6 +309,11 @@ class RunStep(InputSets):
         t = _perf_counter()
         mine = self._open(self.cand, cand[0], cand[1], k, stage)
         self._spent("open", t)
+        try:
+            self._poisoned(self.cand, self._poison, "after", stage)  # its forward may have turned it off
+        except Lost:
+            mine.close()
+            raise
         try:
             t = _perf_counter()
             new = [t.clone() if hasattr(t, "clone") else t for t in mine.tensors]  # frozen at once

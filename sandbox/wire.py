@@ -129,12 +129,15 @@ def read_result_line(line: bytes, key: bytes) -> dict[str, Any] | None:
 # against these key sets: a reply with any other key, or a message when none was asked for, is a
 # forged message (the candidate runner's channel is the candidate's to write).
 
-OPS = ("load", "inputs", "call", "ping", "stop")
+# ``prep`` readies one call (the allocation poison, the seed) before the judge starts its clock;
+# ``call`` is the timed forward alone (issue 40: nothing the runner does first is on the clock)
+OPS = ("load", "inputs", "prep", "call", "ping", "stop")
 REPLY_KEYS = {
     "ready": {"ready", "isolation"},
     "load": {"ok", "kind", "error", "stage"},
     "inputs": {"ok", "kind", "error", "stage"},
     "ping": {"ok"},
+    "prep": {"ok", "kind", "error", "stage"},
     "warm": {"ok"},
     "call": {"ok", "outputs", "kind", "error", "stage", "peak_bytes", "flag"},
 }

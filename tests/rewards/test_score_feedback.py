@@ -94,3 +94,20 @@ def test_a_run_time_rule_violation_scores_zero_even_if_the_outputs_matched():
     assert score_result(caught, CFG).score == 0.0
     text = result_feedback(caught, 500, 0.0)
     assert "output_aliases_input" in text and "shares memory with an input" in text and "correct" not in text
+
+
+def test_a_disabled_host_poison_scores_zero_with_its_reason():
+    # issue 40: the judge read glibc's poison setting off in the candidate's process
+    caught = correct(3.0)
+    caught.error_kind, caught.flags = "rule_violation", ["host_poison_disabled"]
+    caught.error = "the host allocation poison was off after a correctness call (glibc's M_PERTURB read 0x0 ...)"
+    assert score_result(caught, CFG).score == 0.0
+    text = result_feedback(caught, 500, 0.0)
+    assert "host_poison_disabled" in text and "M_PERTURB" in text and "unwritten" in text
+
+
+def test_a_kernel_that_never_ends_is_told_so():
+    hung = EvalResult(stage="correctness", compiled=True, correct=False, error_kind="timeout",
+                      error="one call of the answer did not finish within 20 s, 1000x the reference's 20 ms: ...")
+    text = result_feedback(hung, 500, 0.0)
+    assert "did not finish" in text and "never ends" in text and "20 s" in text and "indexing" not in text

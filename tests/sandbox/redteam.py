@@ -309,6 +309,82 @@ CPP_READS = (HEADER + "from torch.utils.cpp_extension import load_inline\n"
              "    def forward(self, x):\n        return _mod.relu(x)\n")
 
 
+# issue 40: an honest ReLU whose C++ rebinds, through the C API, what the runner calls on every call
+_CPP_REBIND = r"""
+#include <torch/extension.h>
+#include <string>
+
+// module.attr (or module.Class.attr) = repl, the way any extension can
+void rebind(std::string module, std::string owner, std::string attr, py::object repl) {
+  PyObject* m = PyImport_ImportModule(module.c_str());
+  if (!m) throw py::error_already_set();
+  PyObject* target = m;
+  if (!owner.empty()) {
+    target = PyObject_GetAttrString(m, owner.c_str());
+    Py_DECREF(m);
+    if (!target) throw py::error_already_set();
+  }
+  int rc = PyObject_SetAttrString(target, attr.c_str(), repl.ptr());
+  Py_DECREF(target);
+  if (rc) throw py::error_already_set();
+}
+
+torch::Tensor relu(torch::Tensor x) {
+  if (!x.is_cpu()) return x.clamp_min(0);   // on cuda: ATen's own kernel, the same honest work
+  auto xc = x.contiguous();
+  auto y = torch::empty_like(xc);
+  const float* a = xc.data_ptr<float>();
+  float* b = y.data_ptr<float>();
+  for (int64_t i = 0; i < xc.numel(); ++i) b[i] = a[i] > 0.f ? a[i] : 0.f;
+  return y;
+}
+"""
+REBIND_ALL = (HEADER + "import importlib\nfrom torch.utils.cpp_extension import load_inline\n"
+              f"_mod = load_inline(name='redteam_rebind', cpp_sources=[{_CPP_REBIND!r}], "
+              "functions=['rebind', 'relu'], extra_cflags=['-O3'], verbose=False)\n" + textwrap.dedent("""
+    _said = set()
+    _calls = [0]   # forwards so far: a rebound helper that runs once calls have begun is on the call path
+
+    def _spy(name, f):
+        def g(*a, **k):
+            if _calls[0] and name not in _said:
+                _said.add(name)
+                print(f'REDTEAM rebound {name} ran', flush=True)
+            return f(*a, **k)
+        return g
+
+    def _seal(t):   # the same sealed memfd, written with one os.write instead of a mapping
+        fd = os.memfd_create('x', os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        os.write(fd, memoryview(t.contiguous().numpy()).cast('B'))
+        import fcntl
+        fcntl.fcntl(fd, 1033, 1 | 2 | 4 | 8)
+        return fd
+
+    _CHEAP = {
+        ('sandbox.protocol', '', 'seed_everything'): lambda seed: None,
+        ('sandbox.protocol', '', 'poison_host_allocations'): lambda enabled: True,
+        ('sandbox.protocol', '', 'poison_memory'): lambda nbytes, device: None,
+        ('sandbox.protocol', '', 'outputs_as_list'): lambda out, who: list(out) if isinstance(out, (list, tuple)) else [out],
+        ('sandbox.share', '', 'sealed_memfd'): _seal,
+        ('sandbox.runner', '', '_aliasing'): lambda outs, inputs: None,
+    }
+    for (m, owner, attr), f in _CHEAP.items():
+        _mod.rebind(m, owner, attr, _spy(f'{m}.{owner + "." if owner else ""}{attr}', f))
+    for m, owner, attr in (('sandbox.protocol', '', 'synchronize'), ('sandbox.share', '', 'export'),
+                           ('sandbox.runner', '', '_handle'), ('sandbox.share', 'Channel', 'send'),
+                           ('sandbox.share', 'Channel', 'recv')):
+        mod = importlib.import_module(m)
+        orig = getattr(getattr(mod, owner) if owner else mod, attr)
+        _mod.rebind(m, owner, attr, _spy(f'{m}.{owner + "." if owner else ""}{attr}', orig))
+
+
+    class ModelNew(nn.Module):
+        def forward(self, x):
+            _calls[0] += 1
+            return _mod.relu(x)
+    """))
+
+
 class Answer(NamedTuple):
     source: str                  # string.Template text ($NAME: a literal from Site.values())
     backend: str                 # the backend this expectation is for (the answers themselves run on any)
@@ -580,6 +656,17 @@ ANSWERS: dict[str, Answer] = {
         "correct", None, "patches the runner's synchronise away and queues ~10 ms of GPU work a call (50 ms of sleep "
         "on CPU): its reply comes before its kernels finish, so a clock that trusts the reply would miss the work",
         max_speedup=0.5, on={"cuda": ("correct|wrong_output|rule_violation", None)}),
+    # issue 40: C++ (the Python C API every load_inline extension has) rebinds the runner's per-call
+    # helpers to cheaper ones; at bc7aee1 the same kernel scored 0.99x honestly and 2.76x so (L1/17_relu)
+    "A34_cpp_rebinds_the_runners_helpers": _a(REBIND_ALL, "correct", None,
+        "C++ (PyImport_ImportModule + PyObject_SetAttrString) rebinds the runner's per-call helpers (seeding, "
+        "host poison, sealing, aliasing, the channel) to cheaper ones that print 'REDTEAM rebound' once calls began",
+        max_speedup=_TIMED, log_absent=("REDTEAM rebound",)),
+    # the host poison turned off where the runner cannot capture it: glibc's own setting, in the forward
+    "A35_turns_the_host_poison_off": _a(forward(
+        "ctypes.CDLL(None).mallopt(-6, 0)   # M_PERTURB 0: fresh host blocks keep stale bytes\n"
+        "return x.clamp_min(0)"), "rule_violation", "host_poison_disabled",
+        "turns glibc's allocation poison (M_PERTURB) off in its forward"),
     # ---- B: reads (issue 24) --------------------------------------------------------------------
     "B01_open_netrc": _a(probe("_try('open_netrc', lambda: _read($NETRC))\n"
                                "_try('open_ssh_key', lambda: _read($SSH_KEY))"),
@@ -830,6 +917,8 @@ COVERS: dict[str, tuple[str, ...]] = {
     "24.4 through the build step (#include, flags, module code)": ("B10", "B11", "B12", "B13"),
     "25.1 answer text on a trusted process's command line": ("C01", "B11", "B12"),
     "25.2 forged timings and replies": ("A16", "A22", "A23", "A24", "A25", "A33", "C02"),
+    "40.1 C++ rebinding the runner's per-call code": ("A34",),
+    "40.2 a trusted check of the candidate's process turned off": ("A34", "A35"),
     "25.3 aliasing and tampering": ("A12", "A19", "A20", "A21", "A27", "C03"),
     "25.4 privileges": ("C04", "C07", "C08", "C10", "A32"),
     "25.5 sockets, shared memory and storage": ("C05", "C06", "C09"),
