@@ -307,8 +307,9 @@ def main(cfg: DictConfig) -> float:
         print(str(e), file=sys.stderr, flush=True)
         sys.exit(130)
     except KeyboardInterrupt:  # Ctrl-C before the step loop (Ray, the models starting)
-        print(f"[pipeline] interrupted before the first step; nothing of {hc.runtime.output_dir} "
-              "needs keeping: the same command starts it again", file=sys.stderr, flush=True)
+        print(f"[pipeline] interrupted before the first step of this session ({hc.runtime.output_dir}): "
+              "the same command starts it again (or continues its checkpoint, resume=auto)",
+              file=sys.stderr, flush=True)
         sys.exit(130)
     return float(last.get("reward/mean", 0.0))
 

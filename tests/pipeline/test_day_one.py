@@ -123,14 +123,26 @@ def test_each_sweep_gets_its_own_dir_group_and_hint(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_second_sweep_starts_fresh(tmp_path):
+def test_a_second_sweep_starts_fresh_and_an_own_model_runs_on_cpu(tmp_path):
+    """Two sweeps of the same experiment, one after the other: each its own dir (the second one
+    was refused before). The second one runs an own HF model dir (model=local) on the CPU: the
+    laptop profile, the hf engine's keys only (one end-to-end run for items 2 and 3)."""
+    from pipeline.models import load_model_config
+    from pipeline.models.tiny import save_tiny_checkpoint
+
+    own = save_tiny_checkpoint(str(tmp_path / "hf"), load_model_config("tiny").tiny)
     args = ["-m", "+experiment=toy", "algorithm.gamma=0.6", "pipeline.steps=1", *SMALL]
-    for _ in range(2):
-        proc = cli("pipeline.main", *args, cwd=tmp_path, environ=env(tmp_path))
+    for extra in ([], ["model=local", f"model.path={own}"]):
+        proc = cli("pipeline.main", *args, *extra, cwd=tmp_path, environ=env(tmp_path))
         assert proc.returncode == 0, proc.stderr[-4000:]
         time.sleep(1.1)  # a sweep dir per second
+    import torch
+
+    if not torch.cuda.is_available():
+        assert "laptop profile (no GPU visible)" in proc.stderr, proc.stderr[-3000:]
     sweeps = sorted((tmp_path / "runs" / "toy-sweep").iterdir())
     assert len(sweeps) == 2 and all((s / "0" / "metrics.jsonl").exists() for s in sweeps)
+    assert json.loads((sweeps[1] / "0" / "config.json").read_text())["model"]["path"] == own
 
 
 # ---- 4. Ctrl-C -------------------------------------------------------------------------------
@@ -231,15 +243,3 @@ def test_own_model_on_cpu_gets_the_laptop_profile_and_only_hf_keys(tmp_path):
     c = preflight(compose_cfg("+experiment=kernel_multiturn", "model=local", f"model.path={d}"))
     assert resolved_profile(c) == "laptop" and c.reward.backend == "cpu"
     assert c.rollout.engine.type == "hf"
-
-
-@pytest.mark.slow
-def test_own_model_runs_on_cpu(tmp_path):
-    from pipeline.models import load_model_config
-    from pipeline.models.tiny import save_tiny_checkpoint
-
-    d = save_tiny_checkpoint(str(tmp_path / "hf"), load_model_config("tiny").tiny)
-    proc = cli("pipeline.main", "+experiment=toy", "model=local", f"model.path={d}", "pipeline.steps=1",
-               f"hydra.run.dir={tmp_path / 'run'}", *SMALL, cwd=tmp_path, environ=env(tmp_path))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "laptop profile (no GPU visible)" in proc.stderr
