@@ -38,7 +38,7 @@ from typing import Any
 
 from bench.common import fmt, machine, parser, progress, report, target
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+from pipeline.conf_files import CONF_DIR as CONF  # noqa: E402
 KEYS = {"step_s": "timing/step", "gen_s": "timing/gen", "reward_tail_s": "timing/reward_tail",
         "gen_plus_reward_s": "timing/gen_total", "train_s": "timing/train", "sync_s": "timing/weight_sync",
         "efficiency": "pipeline/efficiency", "eval_p95_s": "timing/eval_p95",

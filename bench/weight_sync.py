@@ -24,7 +24,7 @@ from typing import Any
 from bench.common import parser, progress, report, target
 from bench.sampler import PRESETS
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+from pipeline.conf_files import CONF_DIR as CONF  # noqa: E402
 
 
 def load_group_yaml(name: str) -> Any:

@@ -155,7 +155,8 @@ class ResumeMismatch(ValueError):
     """resume=auto found a checkpoint of a run configured differently."""
 
 
-def check_resume_config(resume: str, run_dir: str | Path, new: dict[str, Any]) -> list[str]:
+def check_resume_config(resume: str, run_dir: str | Path, new: dict[str, Any],
+                        dir_key: str = "hydra.run.dir") -> list[str]:
     """Compare the run dir's saved config.json with the new one before continuing its checkpoint.
 
     ``auto`` raises :class:`ResumeMismatch` listing the differing keys; ``force`` returns them
@@ -171,6 +172,6 @@ def check_resume_config(resume: str, run_dir: str | Path, new: dict[str, Any]) -
         raise ResumeMismatch(
             f"resume=auto: {run_dir} holds a checkpoint of a run with a different config, so it is "
             f"not continued:\n  {shown}\nStart a fresh run in another dir (name=<new name> or "
-            f"hydra.run.dir=<dir>), overwrite this one (resume=never), or continue it with the new "
+            f"{dir_key}=<dir>), overwrite this one (resume=never), or continue it with the new "
             f"values anyway (resume=force).")
     return diff

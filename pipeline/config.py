@@ -67,29 +67,73 @@ def check_required(cfg: Any) -> None:
     """Values without a default that the run needs, asked before anything reads them (OmegaConf
     would otherwise stop at the first read with a traceback)."""
     if OmegaConf.is_missing(cfg.model, "path"):
-        raise ConfigError("model.path is not set: model=local needs model.path=<a local Hugging Face "
-                          "checkpoint dir> (config.json, weights, tokenizer); it is never downloaded")
+        raise ConfigError("invalid configuration:\n  model.path is not set: model=local needs "
+                          "model.path=<a local Hugging Face checkpoint dir> (config.json, weights, "
+                          "tokenizer) or a Hugging Face Hub id (e.g. Qwen/Qwen2.5-0.5B-Instruct)")
 
 
 def resolved_profile(root: Any) -> str:
+    """``auto`` follows the hardware: ``laptop`` sizes where no GPU is visible (any model), ``full``
+    where one is."""
     p = root.profile
     if p not in PROFILES:
-        raise ValueError(f"profile={p!r}: expected one of {PROFILES}")
+        raise ConfigError(f"invalid configuration:\n  profile={p!r}: expected one of {PROFILES}")
     if p != "auto":
         return p
     import torch
 
-    return "laptop" if (not torch.cuda.is_available() and root.model.path == "tiny") else "full"
+    return "laptop" if not torch.cuda.is_available() else "full"
+
+
+def preflight(cfg: Any) -> Any:
+    """Everything that can be checked before Ray or a model starts, in one ``invalid
+    configuration`` block (ConfigError): required values, the profile, interpolations, every
+    group's checks, the selected engine's dependencies, W&B credentials for an online run; a Hub
+    id in ``model.path`` is fetched (or found in the local cache) here. Returns ``cfg`` resolved."""
+    check_required(cfg)
+    resolved_profile(cfg)
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"invalid configuration:\n  {e}".split("\n    full_key")[0]) from None
+    check(cfg)
+    return cfg
 
 
 def _sized(laptop: Any, full: Any, *, _root_: Any) -> Any:
     return laptop if resolved_profile(_root_) == "laptop" else full
 
 
+def eval_dir(checkpoint: Any, name: Any) -> str:
+    """Where ``python -m pipeline.evaluate`` writes (conf/eval.yaml): beside a run's checkpoints,
+    ``<run>/eval/step_N``, never in the run's own files; without a checkpoint ``runs/<name>-eval``."""
+    from pathlib import Path
+
+    if checkpoint in (None, "", "None"):
+        return f"runs/{name}-eval"
+    p = Path(os.path.expanduser(str(checkpoint)))
+    p = p.parent if p.name == "model" else p  # <ckpt>/model given for the checkpoint itself
+    if (p / "loop.pt").exists() or p.name.startswith("step_"):  # <run>/<checkpoint.dir>/step_N
+        return str(p.parent.parent / "eval" / p.name)
+    return f"runs/{name}-eval/{p.name or 'model'}"  # an HF model dir: not a run of ours
+
+
+def _env_list(var: str) -> list[str]:
+    """``${env_list:WANDB_TAGS}``: a comma-separated environment variable as a list ([] unset)."""
+    return [x.strip() for x in os.environ.get(var, "").split(",") if x.strip()]
+
+
 def register() -> None:
-    """Schema into the ConfigStore, ``${sized:...}`` resolver into OmegaConf (idempotent)."""
+    """Schema into the ConfigStore, the ``${sized:...}``, ``${eval_dir:...}`` and
+    ``${env_list:...}`` resolvers into OmegaConf (idempotent)."""
     if not OmegaConf.has_resolver("sized"):
         OmegaConf.register_new_resolver("sized", _sized)
+    if not OmegaConf.has_resolver("eval_dir"):
+        OmegaConf.register_new_resolver("eval_dir", eval_dir)
+    if not OmegaConf.has_resolver("env_list"):
+        OmegaConf.register_new_resolver("env_list", _env_list)
     ConfigStore.instance().store(name="config_schema", node=Config)
 
 
@@ -170,15 +214,59 @@ def check(cfg: Any) -> None:
             errors.append(str(e))
     if cfg.resume not in RESUME_MODES and not os.path.isdir(os.path.expanduser(str(cfg.resume))):
         errors.append(f"resume={cfg.resume!r}: expected one of {RESUME_MODES} or a checkpoint directory")
+    errors += _engine_errors(cfg) + _logger_errors(cfg)
     if errors:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
 
 
 def _check_model_path(model: Any) -> None:
-    if model.path != "tiny":
-        from pipeline.models.load import check_checkpoint_dir
+    """A local checkpoint dir, ``tiny``, or a Hub id (fetched, or found in the local cache: the
+    path then becomes the local snapshot's)."""
+    if model.path == "tiny":
+        return
+    from pipeline.hub import is_hub_id, resolve_hub_id
 
-        check_checkpoint_dir(os.path.expanduser(str(model.path)))
+    if is_hub_id(str(model.path)):
+        model.path = resolve_hub_id(str(model.path), "model.path")
+    from pipeline.models.load import check_checkpoint_dir
+
+    check_checkpoint_dir(os.path.expanduser(str(model.path)))
+
+
+def _engine_errors(cfg: Any) -> list[str]:
+    """Only the selected engine's keys and dependencies (an hf run never reads rollout.engine.vllm)."""
+    from pipeline.engines.config import ENGINE_TYPES
+
+    engine = cfg.rollout.engine
+    if engine.type not in ENGINE_TYPES:
+        return [f"rollout.engine.type={engine.type!r}: expected one of {ENGINE_TYPES} (rollout=hf|vllm)"]
+    missing = [f"rollout.engine.{engine.type}.{k}" for k in engine[engine.type].keys()
+               if OmegaConf.is_missing(engine[engine.type], k)]
+    if missing:
+        return [f"{', '.join(missing)}: not set (rollout=hf or rollout=vllm loads the engine's values)"]
+    if engine.type == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            return ["rollout.engine.type=vllm (rollout=vllm) but vLLM is not installed: "
+                    "pip install 'kernel-rl-pipeline[vllm]' on a GPU machine, or rollout=hf"]
+    return []
+
+
+def _logger_errors(cfg: Any) -> list[str]:
+    """An online W&B run without credentials fails here, not after Ray and the models started."""
+    if "wandb" not in cfg.logger.backends:
+        return []
+    from pipeline.wandb_setup import has_credentials, resolve_mode
+
+    try:
+        mode, why = resolve_mode(cfg.logger.mode)
+    except ValueError as e:
+        return [str(e)]
+    if mode == "online" and not has_credentials():
+        return [f"W&B online ({why}) but no W&B API key: set WANDB_API_KEY or run `wandb login`, "
+                "or log offline (logger.mode=offline; `wandb sync` uploads later)"]
+    return []
 
 
 def _check_local_gpus(resources: Any) -> None:

@@ -5,7 +5,9 @@ Runs k multi-turn trajectories per held-out task with the sampler side (same eng
 prompts as training), then reports, per turn budget t = 1..T (an attempt = a trajectory's best
 correct kernel within its first t turns): pass@k (Chen et al.'s unbiased estimator) for each k
 in ``evaluate.ks``, best@k / avg@k of correctness and speedup, and fast_p. Writes
-``eval.json`` in the run dir and logs through the configured logger.
+``eval.json`` and logs through the configured logger, in the evaluation's own output dir
+(conf/eval.yaml: ``<run>/eval/step_N/<split>_<date>_<time>/`` for a run's checkpoint), never in
+the training run's files; its W&B run has job type ``eval`` and an id of its own.
 
 ``evaluate.search=beam`` runs Kevin's test-time beam search instead (``pipeline.beam``:
 ``evaluate.beam.width`` trajectories per task, the best ``keep`` continued every
@@ -29,9 +31,11 @@ from pipeline.beam import BeamConfig, beam_metrics, beam_search, check_beam
 from pipeline.evaluate_config import SEARCHES
 from pipeline.eval_metrics import summarize
 from pipeline.sample import Sample
+from pipeline.conf_files import CONF_PATH
+from pipeline.config import register
 from rewards.interface import env_spec, split_tasks
 
-
+register()
 
 
 def attempts_by_budget(samples: list[Sample], turns: int) -> dict[int, list[tuple[str, bool, float | None]]]:
@@ -110,10 +114,32 @@ def check(ev: Any) -> None:
 
 
 def _check_split(conf: Any, ev: Any) -> None:
+    from pipeline.config import ConfigError
+
     if not split_tasks(conf.env, conf.reward, conf.toy, ev.split):
         chosen = f" reward.task_ids={list(conf.reward.task_ids)}" if conf.env == "kernel" and conf.reward.task_ids else ""
-        raise ValueError(f"evaluate.split={ev.split!r} has no tasks (env={conf.env}{chosen}): "
-                         "choose another split or tasks")
+        raise ConfigError(f"invalid configuration:\n  evaluate.split={ev.split!r} has no tasks "
+                          f"(env={conf.env}{chosen}): choose another split (evaluate.split=train) "
+                          "or tasks (reward.task_ids=[...])")
+
+
+def preflight(cfg: DictConfig) -> Any:
+    """Every check that needs no Ray or model, the training run's (pipeline.config.preflight)
+    and the evaluation's own: a bad key stops here in one block. Returns the resolved config."""
+    from pipeline.config import ConfigError, preflight as run_preflight
+
+    conf = run_preflight(cfg)
+    ev = conf.evaluate
+    try:
+        check(ev)
+        if ev.checkpoint:
+            model_dir_of(ev.checkpoint, "evaluate.checkpoint")
+        if ev.compare:
+            model_dir_of(ev.compare, "evaluate.compare")
+    except (ValueError, FileNotFoundError) as e:
+        raise ConfigError(f"invalid configuration:\n  {e}") from None
+    _check_split(conf, ev)
+    return conf
 
 
 def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, float]:
@@ -128,19 +154,22 @@ def run_samples(cfg: DictConfig, run_dir: str | Path) -> tuple[list[Sample], dic
 
     import ray
 
-    OmegaConf.resolve(cfg)
-    conf: Any = cfg  # typed at composition; unused groups may hold MISSING values
+    conf: Any = preflight(cfg)  # typed at composition; unused groups may hold MISSING values
     ev = conf.evaluate
-    check(ev)
     beam = ev.beam if ev.search == "beam" else None
     model_cfg = conf.model
     if ev.checkpoint:
         model_cfg = _replace(model_cfg, path=str(model_dir_of(ev.checkpoint, "evaluate.checkpoint")))
+    elif model_cfg.warm_start and model_cfg.path == "tiny":
+        # the model the training run starts from (the laptop's warm start, cached)
+        from pipeline import warm_start
+        from pipeline.config import resolved_profile
+
+        model_cfg = _replace(model_cfg, path=str(warm_start.ensure(conf, resolved_profile(conf), [])))
     rollout = _replace(conf.rollout, n_trajectories=ev.k if beam is None else beam.width,
                        turns=conf.rollout.turns if beam is None else beam.turns_per_round,
                        temperature=ev.temperature if ev.temperature is not None
                        else conf.rollout.temperature)
-    _check_split(conf, ev)  # before Ray and the model start
     started = init_ray(conf.resources)
     try:
         plan = plan_resources(conf.resources, ray.cluster_resources())
@@ -174,8 +203,11 @@ def run_samples(cfg: DictConfig, run_dir: str | Path) -> tuple[list[Sample], dic
     (run_dir / "eval.json").write_text(json.dumps(metrics, indent=1))
     from pipeline.metrics import MetricsLogger
 
-    logger = MetricsLogger(conf.logger, run_dir, run_name=f"{conf.name}-eval",
-                           resolved_config=OmegaConf.to_container(cfg))
+    step = Path(str(ev.checkpoint)).name if ev.checkpoint else "model"
+    # its own W&B run (job type eval, a new id) in its own dir, grouped with the training run's name
+    logger = MetricsLogger(conf.logger, run_dir, run_name=f"{conf.name}-eval-{step}",
+                           resolved_config=OmegaConf.to_container(cfg), job_type="eval",
+                           group=str(conf.name))
     try:
         logger.log(0, metrics)
         logger.log_table(0, samples)
@@ -226,8 +258,19 @@ def compare(cfg: DictConfig, run_dir: Path) -> list[dict[str, float]]:
     return results
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+@hydra.main(config_path=CONF_PATH, config_name="eval", version_base="1.3")
 def main(cfg: DictConfig) -> float:
+    from pipeline.config import ConfigError
+
+    try:
+        return _main(cfg)
+    except ConfigError as e:  # the message names every key: a traceback would only bury it
+        print(f"[pipeline] {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def _main(cfg: DictConfig) -> float:
+    print(f"[pipeline] evaluation output: {HydraConfig.get().runtime.output_dir}", file=sys.stderr, flush=True)
     if cfg.evaluate.compare:
         return float(compare(cfg, Path(HydraConfig.get().runtime.output_dir))[0].get("eval/best_correct", 0.0))
     metrics = run(cfg, HydraConfig.get().runtime.output_dir)
@@ -239,7 +282,4 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    from pipeline.config import register
-
-    register()
     main()

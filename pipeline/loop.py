@@ -74,6 +74,7 @@ class Loop(TrainerRestarts):
         self._done: list[GeneratedBatch] = []  # in completion order (step timing)
         self._gen_error: BaseException | None = None
         self.stop_requested = False
+        self._task: asyncio.Task | None = None  # the step loop's task: a second stop request cancels it
         # where a lost trainer restarts from: (first step to train, version, checkpoint dir or None
         # for the initial weights), and every batch trained since, to be trained again after it
         self._restore: tuple[int, int, Path | None] = (start_step, version, resumed_from)
@@ -84,9 +85,16 @@ class Loop(TrainerRestarts):
         self.activity = Activity()  # what each part is doing: the heartbeat's line
 
     def request_stop(self) -> None:
-        """SIGTERM (preemption, scancel): finish the step under way, checkpoint it, stop."""
+        """SIGTERM (preemption, scancel) or Ctrl-C: finish the step under way, checkpoint it, stop.
+        A second one abandons the step: the run stops at once, its last checkpoint kept."""
+        if self.stop_requested:
+            print("[pipeline] second stop request: abandoning the step under way", file=sys.stderr, flush=True)
+            if self._task is not None:
+                self._task.cancel()
+            return
         self.stop_requested = True
-        print("[pipeline] stop requested: finishing this step, then a checkpoint", file=sys.stderr, flush=True)
+        print("[pipeline] stop requested (Ctrl-C again abandons the step): finishing this step, "
+              "then a checkpoint", file=sys.stderr, flush=True)
 
     # ---- the three parts ---------------------------------------------------------------
     async def generate(self, step: int, version: int, tasks: list[Any] | None = None) -> GeneratedBatch:
@@ -155,16 +163,19 @@ class Loop(TrainerRestarts):
     # ---- the schedule ----------------------------------------------------------------
     async def run(self) -> list[dict[str, float]]:
         loop = asyncio.get_running_loop()
-        try:
-            loop.add_signal_handler(signal.SIGTERM, self.request_stop)
-            handled = True
-        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
-            handled = False
+        self._task = asyncio.current_task()
+        handled = []
+        for sig in (signal.SIGTERM, signal.SIGINT):  # Ctrl-C does what a preemption does
+            try:
+                loop.add_signal_handler(sig, self.request_stop)
+                handled.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+                pass
         try:
             return await self._run()
         finally:
-            if handled:
-                loop.remove_signal_handler(signal.SIGTERM)
+            for sig in handled:
+                loop.remove_signal_handler(sig)
 
     async def _generator(self, carried: set[int]) -> None:
         """Batches in order, each once the samplers hold a version within the bound."""
@@ -278,8 +289,8 @@ class Loop(TrainerRestarts):
                 continue
             if self.stop_requested and step + 1 < cfg.steps:
                 print(f"[pipeline] stopped after step {step}" + (
-                    f"; checkpoint written, resume=auto continues at step {step + 1}" if saved else ""),
-                      file=sys.stderr, flush=True)
+                    f"; checkpoint written: the same command continues at step {step + 1} (resume=auto, "
+                    f"hydra.run.dir={self.parts.run_dir})" if saved else ""), file=sys.stderr, flush=True)
                 break
             step += 1
         if steps_bar is not None:

@@ -18,7 +18,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import checkpoint
-from pipeline.config import Config, ConfigError, check, check_required, register, resolved_profile
+from pipeline.conf_files import CONF_PATH
+from pipeline.config import Config, ConfigError, preflight, register, resolved_profile
 from rewards.interface import env_spec
 
 register()
@@ -45,7 +46,7 @@ def banner(cfg: DictConfig, profile: str) -> str:
                  if cfg.model.warm_start and cfg.env == "kernel" and cfg.model.path == "tiny"
                  else "tiny random Qwen2" if cfg.model.path == "tiny" else f"model.path={cfg.model.path}")
         backend = cfg.reward.backend if cfg.env == "kernel" else "toy"
-        why = "profile=laptop" if cfg.profile == "laptop" else "no GPU visible and model.path=tiny"
+        why = "profile=laptop" if cfg.profile == "laptop" else "no GPU visible"
         return (f"[pipeline] laptop profile ({why}): {model}, {cfg.env} "
                 f"env on the {backend} backend, {size}, {_schedule(p)}. On a cluster: model=local model.path=<HF dir> "
                 "resources=<split> (or profile=full).")
@@ -195,20 +196,19 @@ def quiet_progress(conf: Any) -> None:
 
 
 def run(cfg: DictConfig, run_dir: str | Path, run_name: str | None = None,
-        group: str | None = None, overrides: list[str] | None = None) -> dict[str, float]:
+        group: str | None = None, overrides: list[str] | None = None,
+        dir_key: str = "hydra.run.dir") -> dict[str, float]:
     """One job: returns the last step's metrics (empty when the run was already complete).
     ``run_name``/``group``: the W&B run's (a sweep job's, pipeline/wandb_setup.sweep_names);
-    ``overrides``: the command line's (a warm start passes its ``model.*`` ones on)."""
+    ``overrides``: the command line's (a warm start passes its ``model.*`` ones on); ``dir_key``:
+    the key that names another dir in hints (a sweep's is hydra.sweep.dir)."""
     run_dir = Path(run_dir)
-    check_required(cfg)
-    profile = resolved_profile(cfg)
-    print(banner(cfg, profile), file=sys.stderr, flush=True)
-    OmegaConf.resolve(cfg)
-    resolved = OmegaConf.to_container(cfg)
     # typed and validated at composition; kept as a DictConfig because groups the run does not use
     # may hold MISSING values (e.g. rollout.engine.vllm under the hf engine)
-    conf: Any = cfg
-    check(conf)
+    conf: Any = preflight(cfg)  # every config and dependency error, before Ray starts
+    profile = resolved_profile(conf)
+    print(banner(conf, profile), file=sys.stderr, flush=True)
+    resolved = OmegaConf.to_container(conf)
     if conf.sandbox.cache_dir:
         conf.sandbox.cache_dir = os.path.expanduser(str(conf.sandbox.cache_dir))
     if conf.model.warm_start and conf.model.path == "tiny":
@@ -217,7 +217,7 @@ def run(cfg: DictConfig, run_dir: str | Path, run_name: str | None = None,
         conf.model.path = str(warm_start.ensure(conf, profile, list(overrides or [])))
     if checkpoint.resolve_resume(conf.resume, run_dir / conf.checkpoint.dir) is not None:
         # before Ray or a model starts: a changed override must not continue the old run silently
-        for line in checkpoint.check_resume_config(conf.resume, run_dir, resolved):
+        for line in checkpoint.check_resume_config(conf.resume, run_dir, resolved, dir_key=dir_key):
             print(f"[pipeline] resume=force, differs from the saved config: {line}", file=sys.stderr)
     quiet_progress(conf)
     session = Session(conf, run_dir, resolved, run_name=run_name, group=group)
@@ -227,8 +227,13 @@ def run(cfg: DictConfig, run_dir: str | Path, run_name: str | None = None,
             return {}
         try:
             history = asyncio.run(session.loop.run())
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            # a second Ctrl-C (or SIGTERM): the step under way is abandoned, no checkpoint of it
+            raise Interrupted(interrupted_message(run_dir, conf)) from None
         except Exception as e:
             if _is_lost_actor(e):
+                if session.loop.stop_requested:  # the signal reached the actors as well
+                    raise Interrupted(interrupted_message(run_dir, conf)) from None
                 print(lost_actor_message(e, run_dir, conf), file=sys.stderr, flush=True)
             raise
         if history:
@@ -256,6 +261,18 @@ def summary_line(history: list[dict[str, float]]) -> str:
             f"{skipped if skipped else 'none'}")
 
 
+class Interrupted(Exception):
+    """Ctrl-C / SIGTERM stopped the run before the step under way finished; the message says
+    where the last checkpoint is and how to continue."""
+
+
+def interrupted_message(run_dir: Path, conf: Any) -> str:
+    last = checkpoint.latest(run_dir / conf.checkpoint.dir)
+    where = f"the last checkpoint is {last}" if last else "no checkpoint was written"
+    return (f"[pipeline] interrupted: the step under way was abandoned; {where}. The same command "
+            f"continues it (resume=auto, hydra.run.dir={run_dir}).")
+
+
 def _is_lost_actor(e: BaseException) -> bool:
     from ray.exceptions import RayActorError  # ActorDiedError and ActorUnavailableError among them
 
@@ -272,19 +289,28 @@ def lost_actor_message(e: BaseException, run_dir: Path, conf: Any) -> str:
             f"hydra.run.dir={run_dir}.")
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+@hydra.main(config_path=CONF_PATH, config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float:
-    from pipeline.wandb_setup import sweep_names
+    from pipeline.wandb_setup import is_multirun, sweep_names
 
     hc = HydraConfig.get()
     name, group = sweep_names(str(cfg.name), hc)
     try:
         last = run(cfg, hc.runtime.output_dir, run_name=name, group=group,
-                   overrides=list(hc.overrides.task))
+                   overrides=list(hc.overrides.task),
+                   dir_key="hydra.sweep.dir" if is_multirun(hc) else "hydra.run.dir")
     except (ConfigError, checkpoint.ResumeMismatch) as e:
         # the message names every key: a traceback would only bury it
         print(f"[pipeline] {e}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except Interrupted as e:
+        print(str(e), file=sys.stderr, flush=True)
+        sys.exit(130)
+    except KeyboardInterrupt:  # Ctrl-C before the step loop (Ray, the models starting)
+        print(f"[pipeline] interrupted before the first step of this session ({hc.runtime.output_dir}): "
+              "the same command starts it again (or continues its checkpoint, resume=auto)",
+              file=sys.stderr, flush=True)
+        sys.exit(130)
     return float(last.get("reward/mean", 0.0))
 
 

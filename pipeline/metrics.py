@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from omegaconf import MISSING
 
@@ -23,6 +24,8 @@ BACKENDS = ("console", "jsonl", "wandb")
 @dataclass
 class LoggerConfig:
     backends: list[str] = field(default_factory=lambda: MISSING)  # console | jsonl | wandb
+    # project, entity, group, tags, name, dir: W&B's own environment variables where the config
+    # leaves them default (conf/logger/wandb.yaml: ${oc.env:WANDB_PROJECT,kernel-rl}, ...)
     project: str = MISSING
     entity: str | None = MISSING
     group: str | None = MISSING
@@ -34,6 +37,8 @@ class LoggerConfig:
     table_rows: int = MISSING
     timeline_every: int = MISSING    # timeline image every k steps (0: only at the end)
     console_keys: list[str] = field(default_factory=lambda: MISSING)
+    name: Optional[str] = MISSING    # the W&B run's name (null: the run's name, a sweep job's overrides)
+    dir: Optional[str] = MISSING     # where W&B keeps its files (null: the run dir)
 
 
 def _mean(xs: list[float]) -> float:
@@ -138,11 +143,13 @@ def _lines_before(path: Path, step: int) -> list[str]:
 
 class MetricsLogger:
     """``perf``: what verl's perf/* need (pipeline/metric_names.to_logged); ``group`` overrides
-    ``logger.group`` (a sweep's jobs share one)."""
+    ``logger.group`` (a sweep's jobs share one); ``job_type``: the W&B run's (``eval`` for
+    pipeline.evaluate)."""
 
     def __init__(self, cfg: LoggerConfig, run_dir: str | Path, run_name: str,
                  resolved_config: dict[str, Any], resume: bool = False, start_step: int = 0,
-                 group: str | None = None, perf: dict[str, Any] | None = None) -> None:
+                 group: str | None = None, perf: dict[str, Any] | None = None,
+                 job_type: str = "train") -> None:
         unknown = [b for b in cfg.backends if b not in BACKENDS]
         if unknown:
             raise ValueError(f"logger.backends has {unknown}: expected a subset of {BACKENDS}")
@@ -159,9 +166,11 @@ class MetricsLogger:
         self.perf = dict(perf or {})
         self.wandb = None
         self.wandb_mode: str | None = None
+        self.job_type = job_type
         self._wandb_step = -1  # the last step sent to W&B (its steps only go forward)
         if "wandb" in cfg.backends:
-            self.wandb = self._init_wandb(run_name, resolved_config, resume, cfg.group or group)
+            self.wandb = self._init_wandb(cfg.name or run_name, resolved_config, resume,
+                                          cfg.group or group)
         with open(self.run_dir / "config.json", "w") as f:
             json.dump(resolved_config, f, indent=1, default=str)
 
@@ -175,9 +184,12 @@ class MetricsLogger:
         mode, why = resolve_mode(cfg.mode)
         run_id_file = self.run_dir / "wandb_run_id"
         run_id = run_id_file.read_text().strip() if resume and run_id_file.exists() else None
+        wandb_dir = Path(os.path.expanduser(str(cfg.dir))) if cfg.dir else self.run_dir
+        wandb_dir.mkdir(parents=True, exist_ok=True)
         kw = dict(project=cfg.project, entity=cfg.entity, group=group, tags=list(cfg.tags),
-                  name=run_name, dir=str(self.run_dir), config=resolved_config, id=run_id,
-                  resume="allow" if run_id else None, reinit="finish_previous")
+                  name=run_name, dir=str(wandb_dir), config=resolved_config, id=run_id,
+                  resume="allow" if run_id else None, reinit="finish_previous",
+                  job_type=self.job_type)
         try:
             run = wandb.init(mode=mode, **kw)
         except Exception as e:
@@ -188,9 +200,9 @@ class MetricsLogger:
             mode, why = "offline", f"online failed: {type(e).__name__}"
             run = wandb.init(mode=mode, **kw)
         if mode == "offline":
-            print(offline_line(self.run_dir, why), file=sys.stderr, flush=True)
+            print(offline_line(wandb_dir, why), file=sys.stderr, flush=True)
         self.wandb_mode = mode
-        if getattr(run, "id", None):
+        if mode != "disabled" and getattr(run, "id", None):  # a disabled run's id is a dummy
             run_id_file.write_text(run.id)
         return run
 

@@ -366,8 +366,10 @@ def leave_room_for_pools(cfg: Any, colocated: bool) -> None:
               "(each answer's ratio to a reference timed under the same load)", file=sys.stderr, flush=True)
         cfg.sandbox.reference_per_step = True
     engine = cfg.rollout.engine
-    got = evaluator_memory_share(cfg.resources, colocated, engine.type,
-                                 float(engine.vllm.gpu_memory_utilization), cfg.sandbox.gpu_memory_share)
+    # only the selected engine's keys are read: under rollout=hf, rollout.engine.vllm is unset
+    fraction = float(engine.vllm.gpu_memory_utilization) if engine.type == "vllm" else 0.0
+    got = evaluator_memory_share(cfg.resources, colocated, engine.type, fraction,
+                                 cfg.sandbox.gpu_memory_share)
     if got is None:
         return
     share, why = got

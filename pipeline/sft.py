@@ -22,6 +22,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from pipeline.conf_files import CONF_PATH
+
 
 @dataclass
 class SftConfig:
@@ -208,7 +210,7 @@ def train(trainer: Any, logger: Any, rows: list[Any], pad_token_id: int, s: Any,
     return out / "model"
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+@hydra.main(config_path=CONF_PATH, config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from pipeline.config import ConfigError
     from pipeline.sft_data import DataError

@@ -37,6 +37,12 @@ def has_stored_login(environ: Mapping[str, str] | None = None) -> bool:
         return False
 
 
+def has_credentials(environ: Mapping[str, str] | None = None) -> bool:
+    """An API key in the environment or a stored ``wandb login``."""
+    environ = os.environ if environ is None else environ
+    return bool(environ.get("WANDB_API_KEY")) or has_stored_login(environ)
+
+
 def resolve_mode(mode: str, environ: Mapping[str, str] | None = None) -> tuple[str, str]:
     """(mode for wandb.init, why). An explicit ``logger.mode`` is taken as written."""
     environ = os.environ if environ is None else environ
@@ -61,17 +67,27 @@ def offline_line(run_dir: Path, why: str) -> str:
             f"WANDB_MODE=online logs online, `wandb sync {run_dir}/wandb/offline-run-*` uploads this one")
 
 
-def sweep_names(name: str, hydra_cfg: Any) -> tuple[str, str | None]:
-    """(run name, group) for one Hydra job. A ``-m`` sweep's jobs share a group named after the
-    sweep dir and are named by their own overrides, as ``name:key=value,key=value``."""
+def is_multirun(hydra_cfg: Any) -> bool:
     try:
         from hydra.types import RunMode
 
-        multirun = hydra_cfg.mode == RunMode.MULTIRUN
+        return hydra_cfg.mode == RunMode.MULTIRUN
     except Exception:
-        return name, None
-    if not multirun:
+        return False
+
+
+def sweep_group(sweep_dir: str) -> str:
+    """A sweep's W&B group: its dir's name, with the experiment's where the dir is the default
+    ``runs/<name>-sweep/<date>_<time>`` (conf/config.yaml), so every sweep has a group of its own."""
+    p = Path(sweep_dir)
+    return f"{p.parent.name}/{p.name}" if p.parent.name.endswith("-sweep") else p.name
+
+
+def sweep_names(name: str, hydra_cfg: Any) -> tuple[str, str | None]:
+    """(run name, group) for one Hydra job. A ``-m`` sweep's jobs share a group named after the
+    sweep dir and are named by their own overrides, as ``name:key=value,key=value``."""
+    if not is_multirun(hydra_cfg):
         return name, None
     overrides = [o for o in hydra_cfg.overrides.task if not o.startswith(("hydra.", "+experiment="))]
     job_name = f"{name}:{','.join(overrides)}" if overrides else f"{name}:{hydra_cfg.job.num}"
-    return job_name[:128], Path(str(hydra_cfg.sweep.dir)).name
+    return job_name[:128], sweep_group(str(hydra_cfg.sweep.dir))

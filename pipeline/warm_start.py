@@ -153,10 +153,11 @@ def main() -> None:
     from omegaconf import DictConfig
 
     from pipeline.config import ConfigError, check, check_required, register, resolved_profile
+    from pipeline.conf_files import CONF_PATH
 
     register()
 
-    @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+    @hydra.main(config_path=CONF_PATH, config_name="config", version_base="1.3")
     def _entry(cfg: DictConfig) -> None:
         try:
             check_required(cfg)  # as pipeline.main does, before anything reads model.path

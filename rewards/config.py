@@ -8,7 +8,9 @@ from typing import Any
 
 from omegaconf import MISSING, OmegaConf
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf" / "reward"
+from pipeline.conf_files import CONF_DIR as _CONF  # noqa: E402  (conf/ in a checkout, pipeline/conf installed)
+
+CONF_DIR = _CONF / "reward"
 BACKENDS = ("cpu", "triton", "cuda")
 EXCESSIVE_SPEEDUP_POLICIES = ("cap", "zero")
 

@@ -8,7 +8,9 @@ from typing import Any
 from omegaconf import MISSING, OmegaConf
 
 BACKENDS = ("cpu", "triton", "cuda")
-DEFAULT_YAML = Path(__file__).resolve().parent.parent / "conf" / "sandbox" / "default.yaml"
+from pipeline.conf_files import CONF_DIR as _CONF  # noqa: E402  (conf/ in a checkout, pipeline/conf installed)
+
+DEFAULT_YAML = _CONF / "sandbox" / "default.yaml"
 
 
 @dataclass
