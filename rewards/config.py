@@ -42,6 +42,7 @@ class RewardConfig:
     verdict_text_chars: int = MISSING   # sandbox error / log tail kept in the verdict (after secrets are scrubbed)
     max_answer_chars: int = MISSING     # longer responses are rejected as too_long
     max_summary_chars: int = MISSING    # summary kept for later turns
+    worked_example: bool = MISSING      # the cuda/triton system prompt shows a worked answer (rewards/prompts.py)
     rules: RulesConfig = field(default_factory=RulesConfig)
 
 

@@ -89,7 +89,8 @@ class KernelEnv:
         return self._by_id[task_id]
 
     def messages(self, task: TaskRef, history: list[Turn]) -> list[dict[str, str]]:
-        return build_messages(self.task(task).source, self.backend, self.enabled_rules, history)
+        return build_messages(self.task(task).source, self.backend, self.enabled_rules, history,
+                              bool(self.cfg.worked_example))
 
     async def evaluate(self, task: TaskRef, response: str) -> TurnOutcome:
         try:

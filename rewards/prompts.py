@@ -1,6 +1,7 @@
 """Chat messages for each turn, and rendering them through a tokenizer's chat template.
 
-Turn 1: system (role, backend, rules, answer format) + user (the task source). Turn t > 1: the
+Turn 1: system (role, backend, rules, answer format, and for the cuda and triton backends a worked
+example unless ``reward.worked_example`` is false) + user (the task source). Turn t > 1: the
 same two messages, then for every finished turn the model's summary and kernel as an assistant
 message and the feedback as a user message that asks for an improvement. Earlier reasoning
 (``<think>``) never comes back. Later turns extend earlier prompts, so prefix caching applies.
@@ -33,7 +34,119 @@ ANSWER_FORMAT = ("Answer format: first a brief summary (a few sentences) of your
                  "`class ModelNew(nn.Module)`.")
 
 
-def system_prompt(backend: str, enabled_rules: Sequence[str]) -> str:
+# A worked example in KernelBench's style (our own text and kernel): a reference Model and the
+# ModelNew that replaces it, so a model that has never seen this answer format sees one. Only the
+# GPU backends have one; the cpu backend's prompt (the laptop's tiny model) stays as it was.
+_EXAMPLE_MODEL = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, a, b):
+        return a + b
+
+
+def get_inputs():
+    return [torch.randn(4096, 4096, device="cuda"), torch.randn(4096, 4096, device="cuda")]
+
+
+def get_init_inputs():
+    return []'''
+
+_EXAMPLE_CUDA = '''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+add_source = r"""
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+
+__global__ void add_kernel(const float* __restrict__ a, const float* __restrict__ b,
+                           float* __restrict__ out, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        out[i] = a[i] + b[i];
+    }
+}
+
+torch::Tensor add_cuda(torch::Tensor a, torch::Tensor b) {
+    auto out = torch::empty_like(a);
+    int64_t n = a.numel();
+    const int threads = 256;
+    const int blocks = (int)((n + threads - 1) / threads);
+    add_kernel<<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        a.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(), n);
+    return out;
+}
+"""
+
+add_cpp = "torch::Tensor add_cuda(torch::Tensor a, torch::Tensor b);"
+
+add_ext = load_inline(
+    name="example_add",
+    cpp_sources=add_cpp,
+    cuda_sources=add_source,
+    functions=["add_cuda"],
+    extra_cuda_cflags=["-O3"],
+)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, a, b):
+        return add_ext.add_cuda(a.contiguous(), b.contiguous())'''
+
+_EXAMPLE_TRITON = '''import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add_kernel(a_ptr, b_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    a = tl.load(a_ptr + offsets, mask=mask)
+    b = tl.load(b_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, a + b, mask=mask)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, a, b):
+        a = a.contiguous()
+        b = b.contiguous()
+        out = torch.empty_like(a)
+        n = a.numel()
+        add_kernel[(triton.cdiv(n, 1024),)](a, b, out, n, BLOCK=1024)
+        return out'''
+
+WORKED_EXAMPLES = {"cuda": _EXAMPLE_CUDA, "triton": _EXAMPLE_TRITON}
+
+
+def worked_example(backend: str) -> str:
+    """The example block of the system prompt for ``backend`` ("" where it has none)."""
+    answer = WORKED_EXAMPLES.get(backend)
+    if answer is None:
+        return ""
+    label = BACKEND_LABELS[backend]
+    return (f"\n\nAn example of the format. Given this reference architecture:\n\n```python\n{_EXAMPLE_MODEL}\n```\n\n"
+            f"an answer replaces the elementwise addition with a {label} kernel of its own:\n\n"
+            "Summary: one elementwise kernel, one thread per element, launched on the current stream.\n\n"
+            f"```python\n{answer}\n```\n\n"
+            "Your task will be a different architecture; write kernels for the operators it computes "
+            "(fusing them where you can) in the same format.")
+
+
+def system_prompt(backend: str, enabled_rules: Sequence[str], example: bool = False) -> str:
+    """``example``: append :func:`worked_example` (the cuda and triton backends have one)."""
     if backend not in BACKEND_INSTRUCTIONS:
         raise ValueError(f"backend={backend!r}: expected one of {tuple(BACKEND_INSTRUCTIONS)}")
     rules = "\n".join(f"- {RULES[name].description}" for name in enabled_rules if name in RULES)
@@ -46,6 +159,7 @@ def system_prompt(backend: str, enabled_rules: Sequence[str]) -> str:
         "Rules (an answer that breaks one scores 0):\n"
         f"{rules}\n"
         f"{ANSWER_FORMAT}"
+        f"{worked_example(backend) if example else ''}"
     )
 
 
@@ -68,8 +182,8 @@ def improve_prompt(feedback: str) -> str:
 
 
 def build_messages(task_source: str, backend: str, enabled_rules: Sequence[str],
-                   history: Sequence[Turn]) -> list[dict[str, str]]:
-    msgs = [{"role": "system", "content": system_prompt(backend, enabled_rules)},
+                   history: Sequence[Turn], example: bool = False) -> list[dict[str, str]]:
+    msgs = [{"role": "system", "content": system_prompt(backend, enabled_rules, example)},
             {"role": "user", "content": task_prompt(task_source, backend)}]
     for turn in history:
         msgs.append({"role": "assistant", "content": assistant_turn(turn)})

@@ -29,10 +29,10 @@ def make_engine(cfg: Any, model: Any, tokenizer: Any) -> Engine:
         if isinstance(model, (str, os.PathLike)):
             from transformers import AutoModelForCausalLM
 
-            from pipeline.models.load import check_checkpoint_dir
+            from pipeline.models.load import check_checkpoint_dir, is_hub_id
 
             check_checkpoint_dir(str(model))
-            model = AutoModelForCausalLM.from_pretrained(str(model), local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(str(model), local_files_only=not is_hub_id(str(model)))
         h = cfg.hf
         return HFEngine(model, tokenizer, max_inflight=cfg.max_inflight,
                         max_batch_size=h.max_batch_size, batch_wait_s=h.batch_wait_s, device=h.device)

@@ -1,11 +1,15 @@
 """Load the policy and its tokenizer from a ``ModelConfig``: a local HF directory or ``tiny``.
 
-Never downloads (``local_files_only=True``): a missing or malformed path fails with a message
-that names it and says what a checkpoint directory must contain.
+A local path is never downloaded to (``local_files_only=True``): a missing or malformed one fails
+with a message that names it and says what a checkpoint directory must contain, and for a preset's
+cache directory (``model=qwen2.5-coder-1.5b-instruct`` ...) the command that fetches it. A hub id
+(``Qwen/Qwen2.5-Coder-1.5B-Instruct``: ``org/name``, no such local path) is accepted as it is and
+loaded through the hub where one is reachable (transformers' own cache and ``HF_HUB_OFFLINE``).
 """
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 from pipeline.conf_files import load_group
@@ -22,10 +26,30 @@ def load_model_config(name: str = "tiny", overrides: list[str] | None = None) ->
     return load_group(ModelConfig, "model", name, overrides)
 
 
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def is_hub_id(path: str) -> bool:
+    """``org/name`` that is not a local path: a model on a hub (loaded through it, if reachable)."""
+    path = str(path)
+    return bool(_HUB_ID.match(path)) and not path.startswith(".") and not os.path.exists(path) \
+        and ".." not in path
+
+
 def check_checkpoint_dir(path: str) -> None:
-    """Raise ``FileNotFoundError`` naming ``model.path`` unless it looks like an HF checkpoint."""
+    """Raise ``FileNotFoundError`` naming ``model.path`` unless it looks like an HF checkpoint (or
+    is a hub id, which the hub checks when it loads)."""
     expected = ("a local Hugging Face checkpoint directory with config.json, the weights "
-                f"({' or '.join(_WEIGHT_FILES[::2])}) and the tokenizer files; or model.path=tiny")
+                f"({' or '.join(_WEIGHT_FILES[::2])}) and the tokenizer files; a hub id (org/name); "
+                "or model.path=tiny")
+    if is_hub_id(path):
+        return
+    from pipeline.models.fetch import fetch_hint, preset_of
+
+    preset = preset_of(path)
+    if preset is not None and not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"model.path={path!r}: the {preset} preset's checkpoint is not in the cache; "
+                                f"fetch it first: {fetch_hint(preset)} (docs/evaluation.md)")
     if not os.path.isdir(path):
         raise FileNotFoundError(f"model.path={path!r} is not a directory: expected {expected}")
     missing = [] if os.path.isfile(os.path.join(path, "config.json")) else ["config.json"]
@@ -59,7 +83,7 @@ def load_model_and_tokenizer(model_cfg: Any) -> tuple[Any, Any]:
 
     path = os.path.expanduser(str(model_cfg.path))
     tokenizer = load_tokenizer(model_cfg)
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype,
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=not is_hub_id(path), dtype=dtype,
                                                  trust_remote_code=bool(model_cfg.trust_remote_code))
     model.eval()
     return model, tokenizer
@@ -96,7 +120,7 @@ def load_tokenizer(model_cfg: Any) -> Any:
 
             tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
         else:
-            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True,
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=not is_hub_id(path),
                                                       trust_remote_code=bool(model_cfg.trust_remote_code))
     except Exception as e:
         raise ValueError(f"model.path={path!r}: the tokenizer does not load ({type(e).__name__}: "

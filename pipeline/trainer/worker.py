@@ -373,8 +373,10 @@ def _load(model_cfg: Any, meta: bool) -> tuple[torch.nn.Module, Any]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     trust = bool(model_cfg.trust_remote_code)
-    config = AutoConfig.from_pretrained(os.path.expanduser(str(model_cfg.path)),
-                                        local_files_only=True, trust_remote_code=trust)
+    from pipeline.models.load import is_hub_id
+
+    path = os.path.expanduser(str(model_cfg.path))
+    config = AutoConfig.from_pretrained(path, local_files_only=not is_hub_id(path), trust_remote_code=trust)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust, dtype=torch.float32)
     return model, load_tokenizer(model_cfg)
