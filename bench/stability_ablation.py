@@ -60,8 +60,23 @@ def run_one(arm: str, seed: int, steps: int, out: Path, extra: list[str]) -> dic
             "command": " ".join(cmd[1:]), **summarise(lines)}
 
 
+def table(doc: dict) -> str:
+    """The runs as a markdown table (docs/algorithms.md "Stability")."""
+    rows = ["| seed | arm | correct share per step | largest fall from the best so far | reward first two -> last two | fell to 0 after >= 50 % |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for r in sorted(doc["runs"], key=lambda r: (r["seed"], r["arm"])):
+        corr = " ".join(f"{c:.2f}" for c in r["correct"])
+        c = r["correct"]
+        fall = max([max(c[:i]) - c[i] for i in range(1, len(c))] + [0.0])
+        rows.append(f"| {r['seed']} | {r['arm']} | {corr} | {fall:.2f} | {r['first_two']:.3f} -> {r['last_two']:.3f}"
+                    f" ({'meets' if r['meets_bar'] else 'misses'} +0.15) | "
+                    f"{'step ' + str(r['collapsed_at']) if r['collapsed_at'] is not None else 'no'} |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--table", action="store_true", help="print the stored runs as a table and stop")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--arms", nargs="+", default=["base", "fix"])
@@ -72,6 +87,9 @@ def main() -> None:
     out = Path(a.out)
     path = Path(a.json)
     doc = json.loads(path.read_text()) if path.exists() else {"runs": []}
+    if a.table:
+        print(table(doc))
+        return
     doc.update({"machine": f"{os.cpu_count()}-core CPU box (shared)", "steps": a.steps})
     for seed in a.seeds:          # base and fix of one seed back to back: the same load
         for arm in a.arms:
