@@ -107,3 +107,20 @@ def test_split_by_group_keeps_groups_whole_and_balances_rows():
 
 def test_shipped_algorithms_plan_by_group():
     assert algo("grpo_plus").mini_batch_by_group and algo("grpo").mini_batch_by_group
+
+
+def test_plan_by_group_on_two_ranks_trains_every_row_once_within_its_groups_step():
+    groups = ["0/a"] * 6 + ["0/b"] * 4 + ["0/c"] * 5
+    lengths = [5, 40, 7, 33, 12, 3, 21, 9, 9, 30, 8, 14, 6, 25, 11]
+    plan = plan_step(lengths, [1] * len(lengths), world_size=2, n_mini=2, token_budget=40, groups=groups)
+    seen = {}
+    for r in plan.ranks:
+        assert len(r.mini_batches) == 2
+        for m, mini in enumerate(r.mini_batches):
+            for micro in mini:
+                for p in micro:
+                    if not r.filler[p]:
+                        seen.setdefault(r.rows[p], set()).add(m)
+    assert sorted(seen) == list(range(len(lengths)))  # each row once
+    step_of = {g: {m for i, x in enumerate(groups) if x == g for m in seen[i]} for g in set(groups)}
+    assert all(len(s) == 1 for s in step_of.values()), step_of  # a group in one optimiser step
