@@ -33,6 +33,7 @@ class AlgorithmConfig:
     tis_cap: float = MISSING               # truncated importance sampling cap C on pi_old / pi_sampler
     not_okay_prefix: str = MISSING         # health: reasoning expected to start with this
     ppo_mini_batches: int = MISSING        # optimiser steps per batch
+    mini_batch_by_group: bool = MISSING    # mini-batches hold whole advantage groups (docs/algorithms.md "Stability")
     grad_clip: float = MISSING             # max global grad norm
     micro_batch_tokens: int = MISSING      # token budget of one forward/backward (prompt + response)
 

@@ -35,7 +35,8 @@ def make_engine(cfg: Any, model: Any, tokenizer: Any) -> Engine:
             model = AutoModelForCausalLM.from_pretrained(str(model), local_files_only=not is_hub_id(str(model)))
         h = cfg.hf
         return HFEngine(model, tokenizer, max_inflight=cfg.max_inflight,
-                        max_batch_size=h.max_batch_size, batch_wait_s=h.batch_wait_s, device=h.device)
+                        max_batch_size=h.max_batch_size, batch_wait_s=h.batch_wait_s, device=h.device,
+                        seed=getattr(h, "seed", None))
     from pipeline.engines.vllm import VLLMEngine
 
     tmp_dir = None

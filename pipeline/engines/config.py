@@ -12,6 +12,7 @@ class HFEngineConfig:
     max_batch_size: int = MISSING    # requests decoded together by one model.generate call
     batch_wait_s: float = MISSING    # how long the scheduler waits for callers to join a batch
     device: str = MISSING            # auto | cpu | cuda | cuda:N
+    seed: Optional[int] = MISSING    # seeds the per-batch sampling seeds; null: fresh each run
 
 
 @dataclass

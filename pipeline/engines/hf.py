@@ -69,9 +69,10 @@ class HFEngine:
     """``Engine`` over an HF causal LM (``pipeline.engines.base`` documents the protocol)."""
 
     def __init__(self, model: Any, tokenizer: Any, max_inflight: int = 64, max_batch_size: int = 32,
-                 batch_wait_s: float = 0.005, device: str = "auto") -> None:
+                 batch_wait_s: float = 0.005, device: str = "auto",
+                 seed: int | None = None) -> None:
         self.device = _pick_device(device)
-        self._seeds = random.Random()  # per-batch sampling seeds; the global torch RNG is left alone
+        self._seeds = random.Random(seed)  # per-batch sampling seeds; the global torch RNG is left alone
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
         # the chat end token (tokenizer) and the checkpoint's own EOS list both end a response

@@ -127,7 +127,9 @@ class TrainerGroup:
         loss_tokens = batch.response_mask.sum(1).tolist()
         plan: StepPlan = plan_step([int(x) for x in lengths], [int(x) for x in loss_tokens],
                                    self.world_size, self.algo.ppo_mini_batches,
-                                   self.algo.micro_batch_tokens)
+                                   self.algo.micro_batch_tokens,
+                                   groups=(list(batch.group_ids) if method == "train_step"
+                                           and self.algo.mini_batch_by_group else None))
         refs = []
         for w, rp in zip(self.workers, plan.ranks):
             idx = torch.tensor(rp.rows, dtype=torch.long)

@@ -31,17 +31,51 @@ def _split_even(items: list[int], parts: int) -> list[list[int]]:
     return [items[bounds[i]:bounds[i + 1]] for i in range(parts)]
 
 
+def split_by_group(groups: list[str], parts: int) -> list[list[int]]:
+    """At most ``parts`` contiguous mini-batches of whole groups, near-equal in rows; as many as
+    there are groups when fewer. A group's advantages sum to zero only over the whole group: split
+    across optimiser steps, a nearly all-correct group puts its lone wrong answer (A = -3.75 among
+    16 under std normalisation) in a step with too few positive partners to cancel the push on the
+    tokens they share, and Adam (which normalises the step's size) applies it in full. Rows must
+    come grouped (``build_train_batch`` sorts them by task)."""
+    bounds = [0] + [i for i in range(1, len(groups)) if groups[i] != groups[i - 1]] + [len(groups)]
+    if len(set(groups)) != len(bounds) - 1:
+        raise ValueError("plan_step: the rows of a group are not contiguous (sort them by group)")
+    n_groups = len(bounds) - 1
+    parts = max(1, min(parts, n_groups))
+    n = len(groups)
+    minis: list[list[int]] = []
+    g = 0
+    for p in range(parts):
+        target = round((p + 1) * n / parts)
+        end = g + 1  # at least one group; leave one for each later part
+        while end < n_groups - (parts - p - 1) and abs(bounds[end + 1] - target) <= abs(bounds[end] - target):
+            end += 1
+        if p == parts - 1:
+            end = n_groups
+        minis.append(list(range(bounds[g], bounds[end])))
+        g = end
+    return minis
+
+
 def plan_step(lengths: list[int], loss_tokens: list[int], world_size: int, n_mini: int,
-              token_budget: int) -> StepPlan:
+              token_budget: int, groups: list[str] | None = None) -> StepPlan:
     """``lengths``: tokens per row (prompt+response, what a forward costs); ``loss_tokens``: loss
-    mask tokens per row. Mini-batches shrink to the row count when there are fewer rows."""
+    mask tokens per row. Mini-batches shrink to the row count when there are fewer rows.
+    ``groups`` (the rows' advantage groups, contiguous): mini-batches hold whole groups
+    (:func:`split_by_group`), so there are at most as many as groups; None splits rows evenly."""
     from pipeline.algorithms import balance_across_ranks, micro_batches
 
     n = len(lengths)
     if n == 0:
         raise ValueError("plan_step: the batch has no rows")
-    n_mini = max(1, min(n_mini, n))
-    minis = _split_even(list(range(n)), n_mini)
+    if groups is not None:
+        if len(groups) != n:
+            raise ValueError(f"plan_step: {len(groups)} group ids for {n} rows")
+        minis = split_by_group(list(groups), n_mini)
+    else:
+        n_mini = max(1, min(n_mini, n))
+        minis = _split_even(list(range(n)), n_mini)
     ranks = [RankPlan([], [], []) for _ in range(world_size)]
     global_seqs, global_tokens = [], []
     for mini in minis:
