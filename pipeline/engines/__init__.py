@@ -29,7 +29,8 @@ def make_engine(cfg: Any, model: Any, tokenizer: Any) -> Engine:
         if isinstance(model, (str, os.PathLike)):
             from transformers import AutoModelForCausalLM
 
-            from pipeline.models.load import check_checkpoint_dir, is_hub_id
+            from pipeline.hub import is_hub_id
+            from pipeline.models.load import check_checkpoint_dir
 
             check_checkpoint_dir(str(model))
             model = AutoModelForCausalLM.from_pretrained(str(model), local_files_only=not is_hub_id(str(model)))

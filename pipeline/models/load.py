@@ -9,10 +9,10 @@ loaded through the hub where one is reachable (transformers' own cache and ``HF_
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 from pipeline.conf_files import load_group
+from pipeline.hub import is_hub_id
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -24,16 +24,6 @@ def load_model_config(name: str = "tiny", overrides: list[str] | None = None) ->
     from pipeline.models.config import ModelConfig
 
     return load_group(ModelConfig, "model", name, overrides)
-
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-def is_hub_id(path: str) -> bool:
-    """``org/name`` that is not a local path: a model on a hub (loaded through it, if reachable)."""
-    path = str(path)
-    return bool(_HUB_ID.match(path)) and not path.startswith(".") and not os.path.exists(path) \
-        and ".." not in path
 
 
 def check_checkpoint_dir(path: str) -> None:

@@ -373,7 +373,7 @@ def _load(model_cfg: Any, meta: bool) -> tuple[torch.nn.Module, Any]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     trust = bool(model_cfg.trust_remote_code)
-    from pipeline.models.load import is_hub_id
+    from pipeline.hub import is_hub_id
 
     path = os.path.expanduser(str(model_cfg.path))
     config = AutoConfig.from_pretrained(path, local_files_only=not is_hub_id(path), trust_remote_code=trust)

@@ -6,15 +6,12 @@ from hydra import compose, initialize_config_dir
 from pipeline.config import register
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
-PRESET = CONF / "model" / "qwen2.5-coder-1.5b-instruct.yaml"
 
 
 def _compose(*overrides: str):
     register()
-    # the model preset comes from another change; until it lands, model=local stands in for it
-    extra = [] if PRESET.exists() else ["model=local", "model.path=/models/Qwen2.5-Coder-1.5B-Instruct"]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=["+experiment=kernel_multiturn_qwen1p5b", *extra, *overrides])
+        return compose(config_name="config", overrides=["+experiment=kernel_multiturn_qwen1p5b", *overrides])
 
 
 def test_qwen1p5b_experiment_composes_to_multiturn_grpo_plus_on_vllm():
@@ -28,8 +25,7 @@ def test_qwen1p5b_experiment_composes_to_multiturn_grpo_plus_on_vllm():
     assert cfg.reward.backend == "cuda" and cfg.reward.profile == "full"
     assert cfg.rollout.max_prompt_length + cfg.rollout.max_response_length <= cfg.rollout.engine.vllm.max_model_len
     assert cfg.trainer.optim.lr == 2.0e-6 and cfg.model.warm_start is None
-    if PRESET.exists():
-        assert "1.5b" in str(cfg.model.path).lower() or "1.5B" in str(cfg.model.path)
+    assert str(cfg.model.path).endswith("qwen2.5-coder-1.5b-instruct")  # the preset's cache dir
 
 
 def test_qwen1p5b_experiment_passes_the_config_checks_but_the_machines():
