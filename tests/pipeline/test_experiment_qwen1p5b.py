@@ -29,7 +29,7 @@ def test_qwen1p5b_experiment_composes_to_multiturn_grpo_plus_on_vllm():
 
 
 def test_qwen1p5b_experiment_passes_the_config_checks_but_the_machines():
-    """On a CPU box only the machine's lacks are reported: no checkpoint directory, no GPUs."""
+    """On a CPU box only the machine's lacks are reported: no checkpoint directory, no GPUs, no vLLM."""
     import pytest
 
     from pipeline.config import ConfigError, check
@@ -37,4 +37,4 @@ def test_qwen1p5b_experiment_passes_the_config_checks_but_the_machines():
     with pytest.raises(ConfigError) as e:
         check(_compose())
     errors = [x.strip() for x in str(e.value).splitlines()[1:]]
-    assert errors and all(x.startswith(("model.path=", "resources.")) for x in errors), errors
+    assert errors and all(x.startswith(("model.path=", "resources.", "rollout.engine.type=vllm")) for x in errors), errors
