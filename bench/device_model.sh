@@ -12,12 +12,11 @@ cmd=${1:?setup|part|join|baseline}
 name=${2:?model name}
 out=${OUT:-/tmp/model_out}
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} TOKENIZERS_PARALLELISM=false
 if [ "$cmd" != part ]; then
   if [ -d .devpkgs ]; then bash .devpkgs/install.sh >/dev/null 2>&1 || echo "devpkgs install failed"; fi
   [ -f /tmp/site/.done ] || echo "no /tmp/site: carry .devpkgs (setup call)"
 fi
-export PYTHONPATH=/tmp/site:$PWD
+. bench/device_env.sh   # /tmp/site (.devpkgs) and /tmp/vsite (the vLLM bundle) on the path
 py=python3
 case "$cmd" in
   setup)
