@@ -6,7 +6,18 @@ from pipeline.config import check
 from tests.reliability.test_bad_config import config
 
 
-def test_tensor_parallel_size_follows_the_resources_preset():
+@pytest.fixture
+def vllm_found(monkeypatch):
+    """The config check also asks whether vLLM is installed (a CPU box has none); these tests are
+    about the config's values, so the lookup answers as on a GPU machine."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a, **k: object() if name == "vllm" else real(name, *a, **k))
+
+
+def test_tensor_parallel_size_follows_the_resources_preset(vllm_found):
     cfg = config("+experiment=kernel_multiturn", "rollout=vllm", "resources=node8", "resources.ray.num_gpus=8")
     assert cfg.resources.sampler.gpus_per_worker == 2 and cfg.rollout.engine.vllm.tensor_parallel_size == 2
     check(cfg)

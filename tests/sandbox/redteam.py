@@ -624,9 +624,9 @@ ANSWERS: dict[str, Answer] = {
         error_needles=("REDTEAM ENV", "none secret")),
     "A31_returns_the_input_on_a_copy_task": _a(forward(
         "return x", prelude="import sandbox.runner as _r\n_r._aliasing = lambda outs, inputs: None\n", task="copy"),
-        "correct", "degenerate_check", "copy task: returns the input itself after disabling the runner's own "
-        "aliasing check (on a CPU the runner's copy-out is the work, and it is on the judge's clock)", task="copy",
-        max_speedup=_TIMED, on={"cuda": ("rule_violation|runtime_error", None)}),   # the input's own IPC handle
+        "rule_violation", "output_aliases_input", "copy task: returns the input itself after rebinding the "
+        "runner's aliasing check away (the call path holds its own, bound before the answer is imported)",
+        task="copy", on={"cuda": ("rule_violation|runtime_error", None)}),   # the input's own IPC handle
     "A32_prlimit_starves_the_judges_sweep": _a(forward("""
         if not self.armed:
             self.armed = True
