@@ -216,3 +216,38 @@ def test_bad_lora_keys_are_named_before_ray(tmp_path):
     err = one_block(cli("pipeline.main", "+experiment=toy", "trainer.lora.rank=-1", cwd=tmp_path,
                         environ=env(tmp_path)))
     assert "trainer.lora.rank=-1: expected >= 0" in err
+
+
+def test_two_fsdp2_ranks_train_and_push_like_one(ray_local, tmp_path):
+    """Two ranks (rank 1 a meta-device skeleton that receives the base and the adapters from rank
+    0 by broadcast) take the one-rank step, and their object-store push, gathered from the shards,
+    is peft's merge of the trained adapters."""
+    import asyncio
+
+    import ray
+
+    from pipeline.models import save_tiny_checkpoint
+    from tests.pipeline.trainer.test_trainer import run_step
+
+    model_cfg, trainer_cfg, algo_cfg = configs()
+    hf_cfg = dataclasses.replace(model_cfg, path=save_tiny_checkpoint(str(tmp_path / "tiny_hf"), model_cfg.tiny))
+    _, tok = load_model_and_tokenizer(model_cfg)
+    batch = build_train_batch(make_samples(len(tok), seed=9), algo_cfg, MAX_RESPONSE, tok.pad_token_id)
+    pushed = {}
+
+    def push(trainer):
+        payload = asyncio.run(trainer.object_store_send(1, False))
+        pushed.update(pair for ref in payload.buckets for pair in ray.get(ref))
+
+    m1, w1 = run_step(ray_local, (model_cfg, trainer_cfg, algo_cfg), 1, batch)
+    m2, w2 = run_step(ray_local, (model_cfg, trainer_cfg, algo_cfg), 2, batch, model_cfg=hf_cfg, after=push)
+    assert m2["actor/grad_norm"] == pytest.approx(m1["actor/grad_norm"], rel=1e-4) and m1["actor/grad_norm"] > 0
+    assert set(w1) == set(w2)
+    # Adam moves each adapter weight by up to lr (1e-2) whatever its gradient's size, so the
+    # reduction-order noise of a near-zero gradient shows at 1e-5: 2e-4 is 2 % of one step's move
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=2e-4)
+    want = peft_merged(model_cfg, trainer_cfg, w2)
+    assert list(pushed) == list(want)
+    for name, t in pushed.items():
+        torch.testing.assert_close(t, want[name], rtol=1e-5, atol=1e-6)
