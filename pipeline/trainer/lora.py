@@ -25,6 +25,9 @@ import torch
 ADAPTER = "default"  # peft's name for the one adapter get_peft_model makes
 ADAPTER_DIR = "adapter"
 _PEFT_PREFIX = "base_model.model."  # PeftModel's own names put this before the HF model's
+_OUTPUT_LAYER = ("trainer.lora.target_modules wraps the output layer: the chunked log-prob head "
+                 "(trainer.logprob_chunk_tokens) reads its weight directly, so its adapter would "
+                 "never train; leave it out (all-linear does)")
 
 
 def enabled(trainer_cfg: Any) -> bool:
@@ -53,6 +56,8 @@ def apply(model: torch.nn.Module, lora: Any, resume_dir: str | None = None) -> t
     if bad:  # an embedding's lora_embedding_A/B would need another merge rule
         raise ValueError(f"trainer.lora.target_modules wraps non-linear modules {bad[:3]}: LoRA here "
                          "merges linear layers only")
+    if _is_lora_layer(inner.get_output_embeddings()):
+        raise ValueError(_OUTPUT_LAYER)
     if resume_dir:
         load_adapter(inner, os.path.join(resume_dir, ADAPTER_DIR))
     return inner
@@ -166,7 +171,7 @@ def check(lora: Any, model_cfg: Any) -> list[str]:
     if lora.rank < 0 or (isinstance(targets, str) and targets == "all-linear"):
         return errors
     try:
-        modules = _module_types(model_cfg)
+        modules, output = _module_types(model_cfg)
     except Exception:  # a model that cannot be read is reported by model.path's own check
         return errors
     from peft import LoraConfig
@@ -174,17 +179,22 @@ def check(lora: Any, model_cfg: Any) -> list[str]:
 
     for target in ([targets] if isinstance(targets, str) else list(targets)):
         one = LoraConfig(target_modules=target if isinstance(targets, str) else [target])
-        hits = [kind for name, kind in modules.items() if check_target_module_exists(one, name)]
-        if not any(issubclass(k, torch.nn.Linear) for k in hits):
-            what = "no module" if not hits else f"no linear layer (only {sorted({k.__name__ for k in hits})})"
-            linear = sorted({n.rpartition('.')[2] for n, k in modules.items() if issubclass(k, torch.nn.Linear)})
+        hits = {name: kind for name, kind in modules.items() if check_target_module_exists(one, name)}
+        if output in hits:
+            errors.append(f"{_OUTPUT_LAYER} ({target!r} matches {output!r})")
+        elif not any(issubclass(k, torch.nn.Linear) for k in hits.values()):
+            kinds = sorted({k.__name__ for k in hits.values()})
+            what = f"no linear layer (only {kinds})" if hits else "no module"
+            linear = sorted({n.rpartition('.')[2] for n, k in modules.items()
+                             if issubclass(k, torch.nn.Linear) and n != output})
             errors.append(f"trainer.lora.target_modules: {target!r} matches {what} in the model; its "
                           f"linear layers are named {linear} (or all-linear)")
     return errors
 
 
-def _module_types(model_cfg: Any) -> dict[str, type]:
-    """The policy's module names and classes, from a skeleton on the meta device (no weights)."""
+def _module_types(model_cfg: Any) -> tuple[dict[str, type], str]:
+    """The policy's module names and classes, from a skeleton on the meta device (no weights),
+    and the output layer's name."""
     if model_cfg.path == "tiny":
         from pipeline.models.tiny import build_tiny
 
@@ -196,4 +206,5 @@ def _module_types(model_cfg: Any) -> dict[str, type]:
         config = AutoConfig.from_pretrained(path, trust_remote_code=bool(model_cfg.trust_remote_code))
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=bool(model_cfg.trust_remote_code))
-    return {name: type(m) for name, m in model.named_modules() if name}
+    output = next(n for n, m in model.named_modules() if m is model.get_output_embeddings())
+    return {name: type(m) for name, m in model.named_modules() if name}, output

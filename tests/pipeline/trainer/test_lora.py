@@ -206,12 +206,14 @@ def test_bad_lora_keys_are_named_before_ray(tmp_path):
 
     with pytest.raises(ConfigError) as e:
         preflight(compose_cfg("+experiment=toy", "trainer.lora.rank=8", "trainer.lora.alpha=0",
-                              "trainer.lora.target_modules=[q_proj,qproj,embed_tokens]"))
+                              "trainer.lora.target_modules=[q_proj,qproj,embed_tokens,lm_head]"))
     text = str(e.value)
     assert text.startswith("invalid configuration:")
     assert "trainer.lora.alpha=0.0: expected > 0" in text
     assert "'qproj' matches no module in the model" in text and "'q_proj' matches" not in text
     assert "'embed_tokens' matches no linear layer (only ['Embedding'])" in text
+    assert "wraps the output layer" in text and "('lm_head' matches 'lm_head')" in text
+    assert "'lm_head'," not in text  # not offered among the layers to adapt
     assert preflight(compose_cfg("+experiment=toy", "trainer.lora.rank=8")).trainer.lora.rank == 8
     err = one_block(cli("pipeline.main", "+experiment=toy", "trainer.lora.rank=-1", cwd=tmp_path,
                         environ=env(tmp_path)))
@@ -251,3 +253,28 @@ def test_two_fsdp2_ranks_train_and_push_like_one(ray_local, tmp_path):
     assert list(pushed) == list(want)
     for name, t in pushed.items():
         torch.testing.assert_close(t, want[name], rtol=1e-5, atol=1e-6)
+
+
+def test_gpu_defaults_train_lora_like_the_plain_forward():
+    """The GPU run's forward (packed rows, the chunked log-prob head, activation checkpointing)
+    takes the same LoRA step as padded rows through the full logits, and still trains only the
+    adapters."""
+    model_cfg, trainer_cfg, algo_cfg = configs()
+    _, tok = load_model_and_tokenizer(model_cfg)
+    batch = build_train_batch(make_samples(len(tok), seed=10), algo_cfg, MAX_RESPONSE, tok.pad_token_id)
+    plan, shard = one_rank_step(batch, algo_cfg)
+    results = []
+    for levers in ({"logprob_chunk_tokens": 0, "remove_padding": "false"},
+                   {"logprob_chunk_tokens": 2, "remove_padding": "true", "gradient_checkpointing": True}):
+        w, _ = worker_of(model_cfg, dataclasses.replace(trainer_cfg, **levers), algo_cfg)
+        try:
+            initial = clone(w.full_state_dict())
+            results.append((step(w, plan, shard), clone(w.full_state_dict()), initial))
+        finally:
+            w.shutdown()
+    (m_plain, w_plain, _), (m_gpu, w_gpu, initial) = results
+    assert m_plain["actor/grad_norm"] > 0
+    assert m_gpu["actor/grad_norm"] == pytest.approx(m_plain["actor/grad_norm"], rel=1e-4)
+    for k, t in w_gpu.items():
+        torch.testing.assert_close(t, w_plain[k], rtol=1e-4, atol=2e-5)
+        assert torch.equal(t, initial[k]) != lora.is_adapter(k), k
