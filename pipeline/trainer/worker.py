@@ -100,11 +100,12 @@ class TrainerWorker:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        from pipeline.models.load import with_path
         from pipeline.trainer import lora
 
         model_cfg = self.model_cfg
         if resume_dir and not lora.enabled(self.cfg):  # the checkpoint's HF weights replace the base model's
-            model_cfg = _with_path(model_cfg, os.path.join(resume_dir, "model"))
+            model_cfg = with_path(model_cfg, os.path.join(resume_dir, "model"))
         # With several ranks, only rank 0 reads the checkpoint; the others build the skeleton on
         # the meta device and receive the weights by broadcast after sharding (one host copy of
         # a 32B model per node instead of one per rank). The tiny model is cheaper to rebuild.
@@ -112,8 +113,7 @@ class TrainerWorker:
         model, self.tokenizer = _load(model_cfg, meta=meta_init)
         if lora.enabled(self.cfg):  # the frozen base of model.path and the adapters (the checkpoint's)
             model = lora.apply(model, self.cfg.lora, None if meta_init else resume_dir)
-        # {} when LoRA is off; else what a weight export merges per wrapped module
-        self.lora_scales = lora.scales(model)
+        self.lora_scales = lora.scales(model)  # {} without LoRA: what an export merges
         full = model.state_dict() if self.world_size > 1 and model_cfg.path != "tiny" else None
         from pipeline.trainer.forward import (apply_liger, attention_implementation, checkpoint_share,
                                               decoder_layers, install_log_prob_head)
@@ -401,15 +401,3 @@ def _load(model_cfg: Any, meta: bool) -> tuple[torch.nn.Module, Any]:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust, dtype=torch.float32)
     return model, load_tokenizer(model_cfg)
-
-
-def _with_path(model_cfg: Any, path: str) -> Any:
-    """A copy of the model config pointing at ``path`` (the checkpoint's HF directory)."""
-    import copy
-    import dataclasses
-
-    if dataclasses.is_dataclass(model_cfg) and not isinstance(model_cfg, type):
-        return dataclasses.replace(model_cfg, path=path)
-    cfg = copy.deepcopy(model_cfg)
-    cfg.path = path
-    return cfg
