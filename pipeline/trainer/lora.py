@@ -18,6 +18,7 @@ the run goes on with exactly the weights it saved, not with a merge rounded back
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Callable, Iterator
 
 import torch
@@ -78,6 +79,8 @@ def _is_lora_layer(module: torch.nn.Module) -> bool:
 def scales(model: torch.nn.Module) -> dict[str, tuple[float, bool]]:
     """Per LoRA-wrapped module (its name in the state dict): peft's scale (``alpha / rank``) and
     whether the base weight is stored transposed (``fan_in_fan_out``, GPT-2's Conv1D)."""
+    if "peft" not in sys.modules:  # no LoRA layer can exist: a run without LoRA never imports peft
+        return {}
     return {name: (float(m.scaling[ADAPTER]), bool(m.fan_in_fan_out))
             for name, m in model.named_modules() if _is_lora_layer(m)}
 
@@ -145,14 +148,14 @@ def load_adapter(model: torch.nn.Module, directory: str) -> None:
     from safetensors.torch import load_file
 
     saved = load_file(os.path.join(directory, "adapter_model.safetensors"))
-    own = {k for k in model.state_dict() if is_adapter(k)}
-    by_peft_key = {_peft_key(k): k for k in own}
-    missing = sorted(set(by_peft_key) - set(saved))
-    unknown = sorted(set(saved) - set(by_peft_key))
-    if missing or unknown:
+    own = {_peft_key(k): (k, t) for k, t in model.state_dict().items() if is_adapter(k)}
+    missing = sorted(set(own) - set(saved))
+    unknown = sorted(set(saved) - set(own))
+    resized = sorted(k for k in set(own) & set(saved) if own[k][1].shape != saved[k].shape)
+    if missing or unknown or resized:
         raise ValueError(f"adapter {directory} does not fit trainer.lora (rank, target_modules): "
-                         f"missing {missing[:3]}, unknown {unknown[:3]}")
-    model.load_state_dict({by_peft_key[k]: t for k, t in saved.items()}, strict=False)
+                         f"missing {missing[:3]}, unknown {unknown[:3]}, other shape {resized[:3]}")
+    model.load_state_dict({own[k][0]: t for k, t in saved.items()}, strict=False)
 
 
 # ---- configuration checks (pipeline/config.py, before Ray starts) -------------------------

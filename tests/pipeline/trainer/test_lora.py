@@ -151,11 +151,11 @@ def test_checkpoint_holds_the_merged_policy_and_a_peft_adapter_and_resumes_exact
             torch.testing.assert_close(t, run["second"][k], rtol=1e-5, atol=1e-7)
     finally:
         w.shutdown()
-    # the adapter must fit trainer.lora: another rank is named, not loaded into the wrong shapes
-    with pytest.raises(ValueError, match="does not fit trainer.lora"):
-        lora.load_adapter(lora.apply(load_model_and_tokenizer(model_cfg)[0],
-                                     dataclasses.replace(trainer_cfg.lora, target_modules=["q_proj"])),
-                          f"{ckpt}/{lora.ADAPTER_DIR}")
+    # the adapter must fit trainer.lora: other targets or another rank are named, not loaded
+    for other, named in (({"target_modules": ["q_proj"]}, "unknown"), ({"rank": 2 * RANK}, "other shape")):
+        fresh = lora.apply(load_model_and_tokenizer(model_cfg)[0], dataclasses.replace(trainer_cfg.lora, **other))
+        with pytest.raises(ValueError, match=f"does not fit trainer.lora.*{named} \\['base_model"):
+            lora.load_adapter(fresh, f"{ckpt}/{lora.ADAPTER_DIR}")
 
 
 def test_a_lora_step_under_ray_reaches_an_hf_sampler_merged(ray_local):
