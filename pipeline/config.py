@@ -212,6 +212,9 @@ def check(cfg: Any) -> None:
             fn(node)
         except (ValueError, FileNotFoundError) as e:
             errors.append(str(e))
+    from pipeline.trainer.lora import check as check_lora
+
+    errors += check_lora(cfg.trainer.lora, cfg.model)  # after model.path's check: a Hub id is local by now
     if cfg.resume not in RESUME_MODES and not os.path.isdir(os.path.expanduser(str(cfg.resume))):
         errors.append(f"resume={cfg.resume!r}: expected one of {RESUME_MODES} or a checkpoint directory")
     errors += _engine_errors(cfg) + _logger_errors(cfg)

@@ -50,6 +50,18 @@ def check_checkpoint_dir(path: str) -> None:
                                 f"expected {expected}")
 
 
+def with_path(model_cfg: Any, path: str) -> Any:
+    """A copy of the model config pointing at ``path`` (e.g. a checkpoint's HF directory)."""
+    import copy
+    import dataclasses
+
+    if dataclasses.is_dataclass(model_cfg) and not isinstance(model_cfg, type):
+        return dataclasses.replace(model_cfg, path=path)
+    cfg = copy.deepcopy(model_cfg)
+    cfg.path = path
+    return cfg
+
+
 def _torch_dtype(name: str) -> Any:
     import torch
 

@@ -3,6 +3,7 @@ mini-batches, token budget) live in the algorithm group; this is the optimiser a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -17,8 +18,18 @@ class OptimConfig:
 
 
 @dataclass
+class LoraConfig:
+    """peft's LoRA on the policy (pipeline/trainer/lora.py); verl's lora_rank, lora_alpha, target_modules."""
+    rank: int = MISSING             # 0: off (full fine-tuning); r of the adapters otherwise
+    alpha: float = MISSING          # the adapters' output is scaled by alpha / rank
+    dropout: float = MISSING        # on the adapters' input, in every trainer forward
+    target_modules: Any = MISSING   # all-linear | [module name suffixes] | a regex (peft's target_modules)
+
+
+@dataclass
 class TrainerConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     param_dtype: str = MISSING      # auto | bfloat16 | float32: compute dtype (auto: bf16 on GPU, fp32 on CPU)
     reduce_dtype: str = MISSING     # gradient reduction dtype
     gradient_checkpointing: bool = MISSING

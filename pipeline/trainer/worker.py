@@ -4,7 +4,8 @@ Holds an HF causal LM sharded with ``torch.distributed.fsdp.fully_shard`` (per d
 then the root), AdamW and a constant-after-warm-up LR schedule. ``train_step`` receives this
 rank's rows and the driver's :class:`~pipeline.trainer.plan.RankPlan`; it recomputes the old
 log-probs (unless ``off_policy_correction=bypass``), then runs one optimiser step per mini-batch
-with gradient accumulation over the planned micro-batches.
+with gradient accumulation over the planned micro-batches. With ``trainer.lora.rank > 0`` only
+peft's adapters train, and the weights that leave the rank are merged (pipeline/trainer/lora.py).
 
 The forward (padded or packed rows, the log-prob head, the attention and fused kernels set up
 before sharding) is pipeline/trainer/forward.py.
@@ -87,6 +88,7 @@ class TrainerWorker:
             self._load_optimizer(resume_dir)
         return {"backend": backend, "device": str(self.device),
                 "params": sum(p.numel() for p in self.model.parameters()),
+                "trainable_params": sum(p.numel() for p in self.model.parameters() if p.requires_grad),
                 "remove_padding": self.packed, "liger": self.liger,
                 "compile_head": bool(self.cfg.compile_head and self.cfg.logprob_chunk_tokens > 0),
                 "attn_implementation": self.model.config._attn_implementation,
@@ -98,14 +100,20 @@ class TrainerWorker:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        from pipeline.models.load import with_path
+        from pipeline.trainer import lora
+
         model_cfg = self.model_cfg
-        if resume_dir:  # the checkpoint's HF weights replace the base model's
-            model_cfg = _with_path(model_cfg, os.path.join(resume_dir, "model"))
+        if resume_dir and not lora.enabled(self.cfg):  # the checkpoint's HF weights replace the base model's
+            model_cfg = with_path(model_cfg, os.path.join(resume_dir, "model"))
         # With several ranks, only rank 0 reads the checkpoint; the others build the skeleton on
         # the meta device and receive the weights by broadcast after sharding (one host copy of
         # a 32B model per node instead of one per rank). The tiny model is cheaper to rebuild.
         meta_init = self.world_size > 1 and model_cfg.path != "tiny" and self.rank != 0
         model, self.tokenizer = _load(model_cfg, meta=meta_init)
+        if lora.enabled(self.cfg):  # the frozen base of model.path and the adapters (the checkpoint's)
+            model = lora.apply(model, self.cfg.lora, None if meta_init else resume_dir)
+        self.lora_scales = lora.scales(model)  # {} without LoRA: what an export merges
         full = model.state_dict() if self.world_size > 1 and model_cfg.path != "tiny" else None
         from pipeline.trainer.forward import (apply_liger, attention_implementation, checkpoint_share,
                                               decoder_layers, install_log_prob_head)
@@ -147,7 +155,8 @@ class TrainerWorker:
         from transformers import get_constant_schedule_with_warmup
 
         o = self.cfg.optim
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=tuple(o.betas),
+        trainable = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapters only
+        self.optimizer = torch.optim.AdamW(trainable, lr=o.lr, betas=tuple(o.betas),
                                            eps=o.eps, weight_decay=o.weight_decay)
         warmup = max(1, math.ceil(o.warmup_ratio * self.total_optim_steps)) if o.warmup_ratio > 0 else 0
         self.scheduler = get_constant_schedule_with_warmup(self.optimizer, num_warmup_steps=warmup)
@@ -271,11 +280,16 @@ class TrainerWorker:
 
     def exported_state_dict(self) -> dict[str, torch.Tensor] | None:
         """What a weight push sends (all ranks call; rank 0 gets it): the full state dict with a
-        tied weight under its first name only, since the engines tie it again themselves."""
+        tied weight under its first name only, since the engines tie it again themselves; with
+        LoRA, merged under the base names."""
+        from pipeline.trainer.lora import merged
         from pipeline.weight_sync import gathered_without_aliases
 
         sd = self.full_state_dict()
-        return None if sd is None else gathered_without_aliases(self.model, sd)
+        if sd is None:
+            return None
+        sd = gathered_without_aliases(self.model, sd)
+        return dict(merged(sd, self.lora_scales)) if self.lora_scales else sd
 
     def export_dtype(self) -> torch.dtype:
         return _dtype(self.cfg.export_dtype, self.on_gpu)
@@ -325,20 +339,27 @@ class TrainerWorker:
     def weight_payload_bytes(self) -> int:
         """Bytes one push carries (a tied weight once, floats in the export dtype): the same for
         every transport."""
+        from pipeline.trainer.lora import export_shapes
         from pipeline.weight_sync import without_aliases
 
         itemsize = self.export_dtype().itemsize
-        sd = without_aliases(self.model.state_dict())
+        sd = export_shapes(without_aliases(self.model.state_dict()))
         return sum(t.numel() * (itemsize if t.is_floating_point() else t.element_size()) for t in sd.values())
 
     # ---- checkpoints -------------------------------------------------------------------
     def save(self, directory: str) -> None:
-        """Model in HF format (save_pretrained) + optimizer/scheduler; rank 0 writes."""
+        """Model in HF format (save_pretrained; with LoRA the merged policy, and the adapter in
+        peft's format beside it) + optimizer/scheduler; rank 0 writes."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        from pipeline.trainer import lora
 
         sd = self.full_state_dict()
         osd = get_optimizer_state_dict(self.model, self.optimizer,
                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank == 0 and self.lora_scales:
+            lora.save_adapter(sd, self.cfg.lora, os.path.join(directory, lora.ADAPTER_DIR))
+            sd = dict(lora.merged(sd, self.lora_scales))
         if self.rank == 0:
             self.model.save_pretrained(os.path.join(directory, "model"), state_dict=sd,
                                        safe_serialization=True)
@@ -380,15 +401,3 @@ def _load(model_cfg: Any, meta: bool) -> tuple[torch.nn.Module, Any]:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust, dtype=torch.float32)
     return model, load_tokenizer(model_cfg)
-
-
-def _with_path(model_cfg: Any, path: str) -> Any:
-    """A copy of the model config pointing at ``path`` (the checkpoint's HF directory)."""
-    import copy
-    import dataclasses
-
-    if dataclasses.is_dataclass(model_cfg) and not isinstance(model_cfg, type):
-        return dataclasses.replace(model_cfg, path=path)
-    cfg = copy.deepcopy(model_cfg)
-    cfg.path = path
-    return cfg

@@ -4,7 +4,8 @@
 * ``cuda_ipc`` (:mod:`.cuda_ipc`): sampler and trainer on one GPU; persistent buffers mapped once.
 * ``broadcast`` (:mod:`.broadcast`): separate GPUs or nodes; a process group of its own.
 
-:mod:`.base` holds the contract (sender in the trainer rank, payload across Ray, push in the
+With ``trainer.lora`` every transport sends merged weights under the base names
+(:func:`pipeline.trainer.lora.merged`). :mod:`.base` holds the contract (sender in the trainer rank, payload across Ray, push in the
 driver) and what the transports share; :mod:`.receiver` the sampler side.
 """
 from __future__ import annotations

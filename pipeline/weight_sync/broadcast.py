@@ -67,6 +67,10 @@ class BroadcastSender:
         if w.rank != 0:
             return None
         sd = gathered_without_aliases(w.model, sd)  # a tied weight goes once, as with cuda_ipc
+        if w.lora_scales:  # merged under the base names (pipeline/trainer/lora.py)
+            from pipeline.trainer.lora import merged
+
+            sd = dict(merged(sd, w.lora_scales))
         layouts = [layout for bucket in w.buckets(dict(meta_export(sd, w.export_dtype())))
                    for layout in flat_layouts(bucket)]
         self.flats = pack(layouts, sd.__getitem__, w.device)

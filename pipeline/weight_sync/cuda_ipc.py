@@ -82,7 +82,9 @@ class CudaIpcSender:
     are taken once: FSDP2 keeps each sharded parameter's storage for the model's life and the
     optimiser steps in place, so later pushes skip ``state_dict()`` and DTensor's dispatch (a
     few ms for ~300 entries). They are taken again when the model's parameter objects change.
-    With several ranks every push gathers each full tensor (all ranks), and rank 0 copies it in."""
+    With several ranks every push gathers each full tensor (all ranks), and rank 0 copies it in.
+    With LoRA (``worker.lora_scales``) every push merges each wrapped weight afresh, one at a time
+    (pipeline/trainer/lora.py): the buffers hold merged weights, so there is no source to alias."""
     transport = "cuda_ipc"
 
     def __init__(self, worker: Any) -> None:
@@ -117,23 +119,27 @@ class CudaIpcSender:
     def pack(self, version: int) -> None:
         """All ranks (with several, each full tensor is an all-gather): copy the weights into the
         buffers (rank 0), then the version into the header behind them, on the same stream."""
+        from pipeline.trainer.lora import export_shapes, merged
+
         w = self.worker
-        one_rank = w.world_size == 1
-        if not one_rank or not self.pairs or self._signature() != self.signature:
+        one_rank, lora = w.world_size == 1, bool(w.lora_scales)
+        if lora or not one_rank or not self.pairs or self._signature() != self.signature:
             sd = without_aliases(w.model.state_dict())
-            if {n for layout in self.layouts for n, _, _ in layout.tensors} != set(sd):
-                self._allocate(sd)
+            names = export_shapes(sd) if lora else sd
+            if {n for layout in self.layouts for n, _, _ in layout.tensors} != set(names):
+                self._allocate(names)
             views = {name: view for layout, flat in zip(self.layouts, self.flats)
                      for name, view in layout.views(flat)}
-            if one_rank:
+            if one_rank and not lora:
                 self.pairs = [(views[name], full_tensor(t)) for name, t in sd.items()]
                 self.signature = self._signature()
-            else:
-                for name, t in sd.items():
-                    whole = full_tensor(t)  # a collective: every rank, in the same order
+            else:  # full_tensor is a collective: every rank, in the same order
+                items = merged(sd, w.lora_scales, full_tensor) if lora else \
+                    ((name, full_tensor(t)) for name, t in sd.items())
+                for name, whole in items:
                     if w.rank == 0:
                         views[name].copy_(whole)
-        if one_rank:
+        if one_rank and not lora:
             dsts, srcs = zip(*self.pairs)
             torch._foreach_copy_(list(dsts), list(srcs))  # casts to the export dtype as it copies
         if w.rank == 0:

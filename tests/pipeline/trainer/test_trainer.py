@@ -66,7 +66,8 @@ def configs():
     return model, trainer, algo
 
 
-def run_step(ray_local, configs, world_size, batch, correction="off", model_cfg=None):
+def run_step(ray_local, configs, world_size, batch, correction="off", model_cfg=None, after=None):
+    """(metrics, full state dict) of one step; ``after(trainer)`` runs on the group before it goes."""
     tiny_cfg, trainer_cfg, algo_cfg = configs
     model_cfg = model_cfg or tiny_cfg
     algo_cfg = dataclasses.replace(algo_cfg, off_policy_correction=correction)
@@ -78,6 +79,8 @@ def run_step(ray_local, configs, world_size, batch, correction="off", model_cfg=
     try:
         metrics = trainer.train(batch, MAX_RESPONSE)
         weights = trainer.full_state_dict()
+        if after is not None:
+            after(trainer)
     finally:
         trainer.shutdown()
         pools.remove()
