@@ -143,8 +143,7 @@ def breakdown(ext_dir: Path, plain_dir: Path | None) -> dict[str, Any]:
     """Phase times of a sandbox build's main.cpp (and of the plain build's, for the parse), the
     header alone, and the answer without its pybind11 block."""
     ninja = next(ext_dir.rglob("build.ninja"))
-    text = ninja.read_text()
-    cflags = re.search(r"^cflags = (.*)$", text, re.M).group(1).split()  # type: ignore[union-attr]
+    cflags = _cflags(ninja)
     main_cpp = next(ninja.parent.glob("main.cpp"))
     work = Path(tempfile.mkdtemp(prefix="breakdown-", dir=ext_dir))
     source = main_cpp.read_text()
@@ -163,9 +162,14 @@ def breakdown(ext_dir: Path, plain_dir: Path | None) -> dict[str, Any]:
                                                           if isinstance(v, dict)}})
     if plain_dir is not None:
         plain_ninja = next(plain_dir.rglob("build.ninja"))
-        plain_flags = re.search(r"^cflags = (.*)$", plain_ninja.read_text(), re.M).group(1).split()  # type: ignore[union-attr]
-        out["plain_main_cpp"] = time_report([cxx, *plain_flags], next(plain_ninja.parent.glob("main.cpp")))
+        out["plain_main_cpp"] = time_report([cxx, *_cflags(plain_ninja)], next(plain_ninja.parent.glob("main.cpp")))
     return out
+
+
+def _cflags(ninja: Path) -> list[str]:
+    """The compile flags torch wrote into a build's build.ninja (the PCH's -I among them)."""
+    m = re.search(r"^cflags = (.*)$", ninja.read_text(), re.M)
+    return m.group(1).split() if m else []
 
 
 def main() -> None:
@@ -221,8 +225,8 @@ def main() -> None:
     ratios = [s["build_s"] / p["build_s"] for p, s in pairs]  # sandbox / plain, the same answer
     cpu_ratios = [s["cpu_s"] / p["cpu_s"] for p, s in pairs]
     extra: dict[str, Any] = {"ratio_p50": percentile(ratios, 50), "ratio_min": min(ratios, default=float("nan")),
-                             "ratio_max": max(ratios, default=float("nan")), "cpu_ratio_p50": percentile(cpu_ratios, 50),
-                             "target_ratio": 0.3,
+                             "ratio_max": max(ratios, default=float("nan")),
+                             "cpu_ratio_p50": percentile(cpu_ratios, 50), "target_ratio": 0.3,
                              "pch_build_s": pch_s, "jobs": args.jobs,
                              "pch_used": all(r["pch_used"] for r in runs if r["variant"] == "sandbox" and r["ok"]),
                              "load_avg": os.getloadavg(), "runs": runs}
