@@ -97,10 +97,17 @@ def main() -> int:
         os.dup2(log_w, 1)
         os.dup2(log_w, 2)
         os.close(log_w)
+        imports_from = time.monotonic()
         try:
+            # the judge's imports pull in torch: in a fresh interpreter, most of what a cache-hit
+            # step costs outside the answer's run (docs/sandbox.md, "Where a cache hit's time goes")
             from sandbox import judge
 
+            imports_s = round(time.monotonic() - imports_from, 3)
             result = judge.harness(req, gate)
+            if isinstance(result.get("wall_s"), dict):
+                # t0 came with the fork: limits, namespaces, mounts and Landlock before the imports
+                result["wall_s"].update(judge_imports=imports_s, judge_setup=round(imports_from - t0, 3))
         except BaseException as exc:  # noqa: BLE001 - the outer process must always get a verdict
             result = {"stage": "load", "error_kind": "sandbox_error", "error": f"judge failed{_where(exc)}: {exc!r}"}
         result["judge_end"] = time.monotonic()  # the outer process times the judge's exit from it
