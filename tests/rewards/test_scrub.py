@@ -128,7 +128,7 @@ async def test_secrets_in_a_verdict_reach_no_feedback_sample_or_log(secrets_env,
     assert outcome.score == 0.0 and outcome.error_kind == "runtime_error" and "ray auth" in outcome.feedback
     sample = Sample(uid="0/t/0/0", step=0, task_id=task.task_id, traj=0, turn=0, prompt_ids=[1], response_ids=[2],
                     logprobs=[-0.1], finish_reason="stop", score=outcome.score, policy_version=0,
-                    response_text=f"ok {leak}", outcome=dataclasses.asdict(outcome))  # as pipeline.rollout builds it
+                    response_text=f"ok {leak}", outcome=outcome)  # as pipeline.rollout builds it
     next_prompt = env.messages(task, [Turn(outcome.summary, outcome.answer, outcome.feedback)])
     cfg = LoggerConfig(backends=["jsonl"], project="p", entity=None, group=None, tags=[], mode="offline",
                        table_every=1, table_rows=2, timeline_every=0, console_keys=[])
@@ -138,7 +138,7 @@ async def test_secrets_in_a_verdict_reach_no_feedback_sample_or_log(secrets_env,
     written = (tmp_path / "run" / "episodes.jsonl").read_text()
     assert json.loads(written.splitlines()[0])["task"] == task.task_id
     places = {"feedback": outcome.feedback, "verdict": json.dumps(outcome.verdict),
-              "sample outcome": json.dumps(sample.outcome), "prompt": json.dumps(next_prompt),
+              "sample outcome": json.dumps(dataclasses.asdict(sample.outcome)), "prompt": json.dumps(next_prompt),
               "episodes.jsonl": written}
     for where, text in places.items():
         for secret in (ENV_SECRET, NETRC_SECRET, GCS):
