@@ -11,7 +11,7 @@ from rewards.env import KernelEnv
 from rewards.interface import Turn
 from rewards.scrub import REDACTED, Scrubber
 from rewards.solutions import load_solution
-from sandbox.result import EvalResult
+from sandbox.result import EvalResult, mark_refused_build
 
 ENV_SECRET = "rAyT0kEn-9f8e7d6c5b4a39281706"
 NETRC_SECRET = "Wb4ndbK3yX9q2LmPzR7s"
@@ -175,7 +175,7 @@ async def test_a_build_the_hook_refused_is_a_disallowed_build_argument():
     result = EvalResult(stage="compile", error_kind="compile_error", backend="cpu",
                         error="RuntimeError: disallowed build argument: extra_cflags: '-wrapper' is not an allowed "
                               "g++ flag (it hands arguments to, or picks, another program)")
-    env, task = _env(result)
+    env, task = _env(mark_refused_build(result))  # as sandbox.pool.EvalPool returns it: flagged
     # the answer passes the static rules (its flags are not literals), the sandbox refuses the build
     code = load_solution("cpu", task.task_id).replace('extra_cflags=["-O3"', 'extra_cflags=list(["-O3"])+["-O3"')
     outcome = await env.evaluate(task, _reply(code))
