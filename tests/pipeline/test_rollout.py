@@ -151,6 +151,7 @@ async def test_evaluator_crash_gives_zero_scored_samples_and_the_batch_completes
     assert len(bad) == 2 and all(s.turn == 0 and s.score == 0.0 for s in bad)
     assert all("evaluation failed: RuntimeError: evaluator process died" in s.error for s in bad)
     assert all(s.response_ids for s in bad)  # the generated tokens are kept with the error
+    assert all(s.outcome.error_kind == "pipeline_error" and not s.outcome.parse_ok for s in bad)
     assert batch.stats.n_errors == 2
 
 
