@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -31,6 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import machine
+from rewards.interface import TurnOutcome
+
+# what a Sample without an outcome counts as: nothing parsed, compiled or correct
+_NO_OUTCOME = TurnOutcome(score=0.0, feedback="")
+
+
+def _outcome(s: Any) -> TurnOutcome:
+    return s.outcome if s.outcome is not None else _NO_OUTCOME
 
 
 def log(msg: str) -> None:
@@ -153,13 +162,13 @@ def sample_rates(samples: list[Any], turns: int) -> dict[str, Any]:
         n = len(ss)
         if not n:
             return {"n": 0}
-        o = [s.outcome or {} for s in ss]
-        speeds = [float(x["speedup"]) for x in o if x.get("correct") and x.get("speedup") is not None]
+        o = [_outcome(s) for s in ss]
+        speeds = [float(x.speedup) for x in o if x.correct and x.speedup is not None]
         return {"n": n,
-                "parsed": sum(bool(x.get("parse_ok")) for x in o) / n,
-                "compiled": sum(bool(x.get("compiled")) for x in o) / n,
-                "correct": sum(bool(x.get("correct")) for x in o) / n,
-                "fast_1": sum(1 for x in o if x.get("correct") and float(x.get("speedup") or 0) > 1.0) / n,
+                "parsed": sum(x.parse_ok for x in o) / n,
+                "compiled": sum(x.compiled for x in o) / n,
+                "correct": sum(x.correct for x in o) / n,
+                "fast_1": sum(1 for x in o if x.correct and float(x.speedup or 0) > 1.0) / n,
                 "mean_speedup_correct": sum(speeds) / len(speeds) if speeds else None,
                 "max_speedup_correct": max(speeds) if speeds else None,
                 "truncated": sum(s.finish_reason == "length" for s in ss) / n,
@@ -167,26 +176,27 @@ def sample_rates(samples: list[Any], turns: int) -> dict[str, Any]:
 
     out: dict[str, Any] = {"all": rates(samples)}
     out["per_turn"] = {str(t + 1): rates([s for s in samples if s.turn == t]) for t in range(turns)}
-    kinds = Counter(str((s.outcome or {}).get("error_kind") or ("correct" if (s.outcome or {}).get("correct")
-                                                                else "none")) for s in samples)
+    kinds = Counter(str(o.error_kind or ("correct" if o.correct else "none"))
+                    for o in map(_outcome, samples))
     out["error_kinds"] = dict(kinds.most_common())
-    hacks = Counter(h for s in samples for h in (s.outcome or {}).get("hacks", []))
+    hacks = Counter(h for s in samples for h in _outcome(s).hacks)
     out["rules_broken"] = dict(hacks.most_common())
     by_task: dict[str, dict[str, Any]] = {}
     for s in samples:
-        o = s.outcome or {}
+        o = _outcome(s)
         r = by_task.setdefault(s.task_id, {"samples": 0, "compiled": 0, "correct": 0, "best_speedup": None})
         r["samples"] += 1
-        r["compiled"] += bool(o.get("compiled"))
-        r["correct"] += bool(o.get("correct"))
-        if o.get("correct") and o.get("speedup") is not None:
-            r["best_speedup"] = max(float(o["speedup"]), r["best_speedup"] or 0.0)
+        r["compiled"] += o.compiled
+        r["correct"] += o.correct
+        if o.correct and o.speedup is not None:
+            r["best_speedup"] = max(float(o.speedup), r["best_speedup"] or 0.0)
     out["per_task"] = by_task
     return out
 
 
 def sample_row(s: Any) -> dict[str, Any]:
-    o = s.outcome or {}
+    # the outcome's fields by name, None where the Sample has no outcome (as the JSONL always wrote)
+    o = dataclasses.asdict(s.outcome) if s.outcome is not None else {}
     return {"task": s.task_id, "traj": s.traj, "turn": s.turn, "score": s.score, "finish": s.finish_reason,
             "prompt_tokens": len(s.prompt_ids), "response_tokens": len(s.response_ids),
             "parse_ok": o.get("parse_ok"), "compiled": o.get("compiled"), "correct": o.get("correct"),
@@ -265,10 +275,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def on_sample(s: Any) -> None:
         n_done[0] += 1
-        o = s.outcome or {}
-        if n_done[0] % 8 == 0 or o.get("correct"):
+        o = _outcome(s)
+        if n_done[0] % 8 == 0 or o.correct:
             log(f"{n_done[0]} scored; last {s.task_id} t{s.turn + 1} "
-                f"{'correct %.2fx' % float(o.get('speedup') or 0) if o.get('correct') else o.get('error_kind')}")
+                f"{'correct %.2fx' % float(o.speedup or 0) if o.correct else o.error_kind}")
         if sink is not None:
             sink.write(json.dumps(sample_row(s)) + "\n")
             sink.flush()

@@ -102,12 +102,6 @@ def stash(name: str, gguf: Path | None, part_mib: int, root: Path | None = None)
     return d
 
 
-def missing_parts(name: str, root: Path | None = None) -> list[str]:
-    d = parts_dir(name, root)
-    parts, _, _ = read_sums(d)
-    return [p for p in parts if not (d / p).is_file()]
-
-
 def join(name: str, out: Path, gguf_out: Path | None, keep_gguf: bool, root: Path | None = None,
          do_convert: bool = True) -> Path:
     d = parts_dir(name, root)

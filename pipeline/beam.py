@@ -69,8 +69,9 @@ class Best:
 def best_of(samples: Iterable[Sample]) -> Best:
     out = Best()
     for s in samples:
-        correct = bool((s.outcome or {}).get("correct"))
-        speedup = float((s.outcome or {}).get("speedup") or 0.0) if correct else 0.0
+        o = s.outcome
+        correct = o is not None and o.correct
+        speedup = float(o.speedup or 0.0) if o is not None and o.correct else 0.0
         out = out.merge(Best(correct, speedup, float(s.score)))
     return out
 

@@ -47,8 +47,8 @@ def attempts_by_budget(samples: list[Sample], turns: int) -> dict[int, list[tupl
     for t in range(1, turns + 1):
         rows = []
         for (task, _), ss in sorted(by_traj.items()):
-            good = [s for s in ss if s.turn < t and (s.outcome or {}).get("correct")]
-            speed = max((float((s.outcome or {}).get("speedup") or 0.0) for s in good), default=None)
+            good = [s.outcome for s in ss if s.turn < t and s.outcome is not None and s.outcome.correct]
+            speed = max((float(o.speedup or 0.0) for o in good), default=None)
             rows.append((task, bool(good), speed))
         out[t] = rows
     return out

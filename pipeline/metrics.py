@@ -50,11 +50,11 @@ def score_metrics(samples: list[Sample]) -> dict[str, float]:
     n = len(samples)
     if n == 0:
         return {}
-    o = [s.outcome or {} for s in samples]
-    out = {f"score/{k}": _mean([float(bool(d.get(k))) for d in o])
-           for k in ("parse_ok", "compiled", "correct")}
-    speedups = [float(d["speedup"]) for d in o if d.get("correct") and d.get("speedup") is not None
-                and math.isfinite(float(d["speedup"]))]
+    o = [s.outcome for s in samples if s.outcome is not None]  # a Sample without one counts as all-false
+    out = {"score/parse_ok": sum(d.parse_ok for d in o) / n, "score/compiled": sum(d.compiled for d in o) / n,
+           "score/correct": sum(d.correct for d in o) / n}
+    speedups = [float(d.speedup) for d in o if d.correct and d.speedup is not None
+                and math.isfinite(float(d.speedup))]
     out["score/speedup_mean"] = _mean(speedups)
     out["score/fast_1"] = sum(1 for x in speedups if x > 1.0) / n
     out["score/mean"] = _mean([s.score for s in samples])
@@ -68,13 +68,13 @@ def score_metrics(samples: list[Sample]) -> dict[str, float]:
     out["sample/error_frac"] = sum(1 for s in samples if s.error) / n
     hacks: dict[str, int] = {}
     for d in o:
-        for h in d.get("hacks") or []:
+        for h in d.hacks:
             hacks[h] = hacks.get(h, 0) + 1
     out.update({f"hack/{h}": c / n for h, c in sorted(hacks.items())})
     kinds: dict[str, int] = {}
     for d in o:
-        if d.get("error_kind"):
-            kinds[d["error_kind"]] = kinds.get(d["error_kind"], 0) + 1
+        if d.error_kind:
+            kinds[d.error_kind] = kinds.get(d.error_kind, 0) + 1
     out.update({f"error/{k}": c / n for k, c in sorted(kinds.items())})
     return out
 
@@ -85,7 +85,7 @@ def env_metrics(samples: list[Sample], wall_s: float) -> dict[str, float]:
     ``wall_s``, ``_p50`` names the median, any other name the mean (none for the toy env)."""
     values: dict[str, list[float]] = {}
     for s in samples:
-        for name, value in ((s.outcome or {}).get("metrics") or {}).items():
+        for name, value in (s.outcome.metrics if s.outcome is not None else {}).items():
             values.setdefault(name, []).append(float(value))
     out = {}
     for name, xs in sorted(values.items()):
@@ -105,7 +105,7 @@ def eval_latency_metrics(samples: list[Sample]) -> dict[str, float]:
     Where the environment says its evaluator ran some answers (``TurnOutcome.evaluated``), only
     those count: an answer that fails to parse is scored in microseconds and is no evaluation."""
     timed = [s for s in samples if s.t_gen_end and s.t_eval_end]
-    evaluated = [s for s in timed if (s.outcome or {}).get("evaluated")]
+    evaluated = [s for s in timed if s.outcome is not None and s.outcome.evaluated]
     xs = sorted(s.t_eval_end - s.t_gen_end for s in (evaluated or timed))
     if not xs:
         return {}
@@ -123,8 +123,9 @@ def episode_rows(samples: list[Sample], k: int, decode: Any = None,
     picked = ranked[:(k + 1) // 2] + [s for s in ranked[::-1][:k // 2] if s not in ranked[:(k + 1) // 2]]
     rows = []
     for s in picked:
-        o = s.outcome or {}
-        verdict = "correct" if o.get("correct") else (o.get("error_kind") or s.error or "")
+        o = s.outcome
+        kind = o.error_kind if o is not None else None
+        verdict = "correct" if o is not None and o.correct else (kind or s.error or "")
         prompt = scrub(decode(s.prompt_ids))[-tail_chars:] if decode is not None else ""
         rows.append([s.step, s.task_id, s.traj, s.turn, prompt, scrub(s.response_text)[-tail_chars:],
                      scrub(str(verdict)), float(s.score)])

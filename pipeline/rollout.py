@@ -129,8 +129,14 @@ Starts = Mapping[tuple[str, int], Start]  # (task_id, traj) -> Start; absent: a 
 
 def turn_of(sample: Sample) -> Turn:
     """The finished turn as later prompts see it (the reasoning is dropped)."""
-    return Turn(summary=sample.outcome.get("summary", ""), answer=sample.outcome.get("answer", ""),
-                feedback=sample.outcome.get("feedback", ""))
+    o = sample.outcome
+    return Turn("", "", "") if o is None else Turn(summary=o.summary, answer=o.answer, feedback=o.feedback)
+
+
+def unscored() -> TurnOutcome:
+    """The outcome of a turn the environment never scored (its generation or evaluation failed:
+    ``Sample.error`` says why), so the batch's error metrics count it as ``pipeline_error``."""
+    return TurnOutcome(score=0.0, feedback="", error_kind="pipeline_error")
 
 
 @dataclass
@@ -227,10 +233,9 @@ class _Episodes:
             score=float(outcome.score) if outcome is not None else 0.0,
             policy_version=gen.version if gen.version >= 0 else self.version,
             response_text=text,
-            outcome=dataclasses.asdict(outcome) if outcome is not None else {"error_kind": "pipeline_error"},
-            error=error, t_gen_start=t_gen_start, t_gen_end=t_gen_end, t_eval_end=time.time(),
-            round=start.round, parent=start.parent)
-        sample.outcome["history_dropped"] = dropped
+            outcome=outcome if outcome is not None else unscored(),
+            error=error, history_dropped=dropped, t_gen_start=t_gen_start, t_gen_end=t_gen_end,
+            t_eval_end=time.time(), round=start.round, parent=start.parent)
         await self.deliver(sample)
         return sample if error is None else None
 

@@ -1,8 +1,9 @@
 """One training sample = one turn of one trajectory, as the sampler hands it to the trainer."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+
+from rewards.interface import TurnOutcome
 
 
 @dataclass
@@ -19,8 +20,12 @@ class Sample:
     score: float                      # per-turn score s_t
     policy_version: int               # weights version that generated it
     response_text: str = ""
-    outcome: dict[str, Any] = field(default_factory=dict)  # TurnOutcome fields (verdict, hacks, ...)
+    # the environment's scored turn (verdict, hacks, ...); a turn the environment never scored
+    # (generation or evaluation failed) carries one with error_kind "pipeline_error"; None only
+    # where a caller built the Sample without one
+    outcome: TurnOutcome | None = None
     error: str | None = None          # generation/evaluation failure reason, if any
+    history_dropped: int = 0          # oldest turns left out of this turn's prompt to fit it
     # timestamps (time.time()): generation start/end, evaluation end
     t_gen_start: float = 0.0
     t_gen_end: float = 0.0

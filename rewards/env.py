@@ -5,8 +5,9 @@ evaluate = parse -> anti-hack rules -> sandbox (``await pool.evaluate(ref_src, c
 its reason. Every outcome leaves through :meth:`KernelEnv.evaluate`, where its text (feedback,
 verdict, summary, answer) is scrubbed of secrets (:mod:`rewards.scrub`); the sandbox's own text
 (error, log tail) is scrubbed and cut before feedback is built from it. A violation the sandbox
-caught at run time on an answer that passed every static rule is a miss of the rules: it is
-recorded as ``rule_miss`` (in the verdict's flags and the outcome's hacks). The sandbox pool is
+caught at run time on an answer that passed every static rule (``error_kind`` rule_violation, or
+a build the sandbox flagged as refused) is a miss of the rules: it is recorded as ``rule_miss``
+(in the verdict's flags and the outcome's hacks). The sandbox pool is
 passed in (``KernelEnv(cfg, pool)``) or built from the sandbox config
 (``KernelEnv.from_config(reward_cfg, sandbox_cfg)``).
 """
@@ -27,8 +28,7 @@ from rewards.rules import RuleSettings, Violation, check_rules
 from rewards.score import score_result
 from rewards.scrub import Scrubber, default_scrubber
 from rewards.tasks import Task, TaskError, load_builtin, load_kernelbench, split
-from sandbox.flags import DISALLOWED_MESSAGE
-from sandbox.result import EvalResult
+from sandbox.result import REFUSED_BUILD, EvalResult
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "holdout")
@@ -194,12 +194,10 @@ def sandbox_metrics(result: EvalResult | None) -> dict[str, float]:
 
 
 def _runtime_violation(result: EvalResult) -> EvalResult:
-    """A build the sandbox's build hook refused (its error starts "disallowed build argument") is a
+    """A build the sandbox's build hook refused (the sandbox flags it :data:`REFUSED_BUILD`) is a
     run-time rule violation, whichever step reported it (compile, load or run)."""
-    text = f"{result.error or ''}\n{result.log_tail or ''}"
-    if result.error_kind in ("compile_error", "load_error", "runtime_error") and DISALLOWED_MESSAGE in text:
-        flags = list(dict.fromkeys([*result.flags, "disallowed_build_argument"]))
-        return dataclasses.replace(result, error_kind="rule_violation", compiled=False, correct=False, flags=flags)
+    if result.error_kind in ("compile_error", "load_error", "runtime_error") and REFUSED_BUILD in result.flags:
+        return dataclasses.replace(result, error_kind="rule_violation", compiled=False, correct=False)
     return result
 
 

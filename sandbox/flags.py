@@ -209,13 +209,3 @@ def check_build_call(kwargs: Mapping[str, Any]) -> list[str]:
         if flags:
             problems += check_flags(key, flags, tool)
     return problems
-
-
-def allowlist_summary() -> str:
-    """The allowlist as text, one group a line (for docs and error messages)."""
-    lines = []
-    for tool, groups in (("g++", GXX_ALLOWED), ("nvcc", NVCC_ALLOWED), ("ld", LD_ALLOWED)):
-        for group, pattern in groups.items():
-            lines.append(f"{tool} {group}: {pattern}")
-    lines.append(f"nvcc two-token options: {', '.join(NVCC_WITH_VALUE)}")
-    return "\n".join(lines)

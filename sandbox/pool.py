@@ -39,7 +39,7 @@ from sandbox.device_gate import DeviceGate
 from sandbox.gpu_probe import IsolationProbe, ProbeVerdict, choose_isolation
 from sandbox.launch import Launcher, kill_group, scrubbed_env, step_result
 from sandbox.limits import call_limit, maybe_crowded, run_limit
-from sandbox.result import EvalResult
+from sandbox.result import EvalResult, mark_refused_build
 
 __all__ = ["EvalPool", "as_eval_config", "scrubbed_env"]
 
@@ -115,7 +115,7 @@ class EvalPool:
         cfg = dataclasses.replace(self.cfg, **overrides)
         async with self._slots:
             t0 = time.monotonic()
-            result = await self._evaluate(ref_src, candidate_src, backend, key, cfg)
+            result = mark_refused_build(await self._evaluate(ref_src, candidate_src, backend, key, cfg))
             result.wall_s["total"] = round(time.monotonic() - t0, 3)
         self._stats["evaluations"] += 1
         self._stats[f"error/{result.error_kind}" if result.error_kind else "error/none"] += 1

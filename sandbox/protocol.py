@@ -131,10 +131,6 @@ def make_inputs(task: ModuleType, seed: int, device: str) -> list[Any]:
     return [to_device(x, device) for x in values]
 
 
-def clone_inputs(inputs: Sequence[Any]) -> list[Any]:
-    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-
-
 def make_model(cls: type, task: ModuleType, seed: int, device: str) -> torch.nn.Module:
     """Same seed before both constructors, so Model and ModelNew draw the same parameters (on the
     device itself: a large weight is never made on the host first)."""

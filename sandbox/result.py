@@ -5,6 +5,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandbox.flags import DISALLOWED_MESSAGE
+
+# The flag of a build the build hook refused (sandbox.flags): the call raised before anything was built
+REFUSED_BUILD = "disallowed_build_argument"
+
 # Stages in protocol order; `stage` names the last one reached.
 STAGES = ("load", "compile", "correctness", "timing", "done")
 
@@ -45,7 +50,7 @@ class EvalResult:
     new_runtime_spread: float | None = None
     ref_runtime_spread: float | None = None   # None when the reference time came from the cache
     timed: bool = False                   # False e.g. for the Triton interpreter: no speedup credit
-    flags: list[str] = field(default_factory=list)   # e.g. "excessive_speedup"
+    flags: list[str] = field(default_factory=list)   # e.g. "excessive_speedup", REFUSED_BUILD
     wall_s: dict[str, float] = field(default_factory=dict)  # per stage: compile, correctness, timing, total
     cache_hit: bool = False
     backend: str = ""
@@ -66,3 +71,18 @@ class EvalResult:
     @classmethod
     def failure(cls, kind: str, message: str, stage: str = "load", **kw: Any) -> "EvalResult":
         return cls(stage=stage, error_kind=kind, error=message, **kw)
+
+
+def mark_refused_build(result: EvalResult) -> EvalResult:
+    """``result`` with :data:`REFUSED_BUILD` in its flags when the build hook refused a call.
+
+    The hook raises inside the candidate's process, which reports the step as compile_error,
+    load_error or runtime_error depending on where the call was (import, compile step or
+    ``forward``); only the hook's own message in the error or the log tail says which failures were
+    refusals. The pool reads it here, so callers read a flag rather than the sandbox's wording.
+    """
+    text = f"{result.error or ''}\n{result.log_tail or ''}"
+    if result.error_kind in ("compile_error", "load_error", "runtime_error") and DISALLOWED_MESSAGE in text \
+            and REFUSED_BUILD not in result.flags:
+        result.flags = [*result.flags, REFUSED_BUILD]
+    return result

@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import fcntl
 import json
-import math
 import mmap
 import os
 import select
@@ -351,7 +350,3 @@ def overlaps(a: tuple[str, int, int], b: tuple[str, int, int]) -> bool:
 
 def nbytes_of(values: list[Any]) -> int:
     return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
-
-
-def finite_prod(xs: list[int]) -> int:
-    return math.prod(xs) if xs else 1

@@ -5,6 +5,7 @@ import pytest
 
 from pipeline.evaluate import attempts_by_budget, evaluation_metrics
 from pipeline.sample import Sample
+from rewards.interface import TurnOutcome
 from tests.pipeline.test_e2e import config
 
 
@@ -12,7 +13,7 @@ def _s(task, traj, turn, correct, speedup=None):
     return Sample(uid=f"0/{task}/{traj}/{turn}", step=0, task_id=task, traj=traj, turn=turn,
                   prompt_ids=[1], response_ids=[2], logprobs=[-1.0], finish_reason="stop",
                   score=1.0 if correct else 0.0, policy_version=0,
-                  outcome={"correct": correct, "speedup": speedup})
+                  outcome=TurnOutcome(score=0.0, feedback="", correct=correct, speedup=speedup))
 
 
 def test_turn_budgets_take_the_best_correct_turn_so_far():

@@ -9,7 +9,7 @@ from pipeline.beam import (BeamConfig, Best, beam_metrics, check_beam, lineage_b
                            rank, select_parents)
 from pipeline.rollout import Start, build_prompt, turn_of
 from pipeline.sample import Sample
-from rewards.interface import Turn
+from rewards.interface import Turn, TurnOutcome
 from tests.pipeline.test_e2e import config
 
 
@@ -17,8 +17,8 @@ def _s(task, traj, turn, correct, speedup=None, score=None, rnd=0, parent=None, 
     return Sample(uid=f"0/{task}/{traj}/{turn}", step=0, task_id=task, traj=traj, turn=turn,
                   prompt_ids=[1], response_ids=[2], logprobs=[-1.0], finish_reason="stop",
                   score=(1.0 if correct else 0.0) if score is None else score, policy_version=0,
-                  outcome={"correct": correct, "speedup": speedup, "summary": f"s{traj}.{turn}",
-                           "answer": f"a{traj}.{turn}", "feedback": f"f{traj}.{turn}"},
+                  outcome=TurnOutcome(score=0.0, correct=correct, speedup=speedup, summary=f"s{traj}.{turn}",
+                                      answer=f"a{traj}.{turn}", feedback=f"f{traj}.{turn}"),
                   error=error, round=rnd, parent=parent)
 
 
@@ -125,7 +125,7 @@ def test_beam_search_cli_on_toy_holdout(ray_local, tmp_path):
             # the child's first prompt is its parent's conversation after 2 turns, feedback included
             assert child[0].prompt_ids == build_prompt(
                 tok, env.messages(tasks[task], [turn_of(s) for s in parent]))
-            assert parent[-1].outcome["feedback"] in tok.decode(child[0].prompt_ids)
+            assert parent[-1].outcome.feedback in tok.decode(child[0].prompt_ids)
     for budget in (2, 4):
         for key in ("best_speedup", "median_best_speedup", "best_correct", "pass@1", "pass@4",
                     "fast_1"):

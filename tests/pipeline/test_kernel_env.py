@@ -30,12 +30,12 @@ async def test_tiny_model_runs_multi_turn_episodes_against_kernel_env(kernel_env
     assert len(batch.samples) == 4 and batch.stats.n_errors == 0
     for s in batch.samples:
         # random tokens are no kernel: a scored 0 with the parser's reason, never an exception
-        assert s.score == 0.0 and s.outcome["parse_ok"] is False and s.outcome["error_kind"]
-        assert s.outcome["feedback"]
+        assert s.score == 0.0 and s.outcome.parse_ok is False and s.outcome.error_kind
+        assert s.outcome.feedback
     for s in (x for x in batch.samples if x.turn == 1):
         prev = next(x for x in batch.samples if x.traj == s.traj and x.turn == 0)
         text = tok.decode(s.prompt_ids)
-        assert prev.outcome["feedback"].splitlines()[0] in text
+        assert prev.outcome.feedback.splitlines()[0] in text
         assert len(s.prompt_ids) > len(prev.prompt_ids)
 
 

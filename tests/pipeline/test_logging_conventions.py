@@ -13,6 +13,7 @@ from pipeline.metrics import LoggerConfig, MetricsLogger, env_metrics, eval_late
 from pipeline.sample import Sample
 from pipeline.timeline import main as timeline_main, step_timings
 from pipeline.wandb_setup import has_stored_login, resolve_mode, sweep_names
+from rewards.interface import TurnOutcome
 from tests.pipeline.test_e2e import CONF
 
 
@@ -130,7 +131,7 @@ def test_names_and_derived_perf_metrics():
 def test_prompt_and_response_length_statistics():
     samples = [Sample(uid=f"0/t/{i}/0", step=0, task_id="t", traj=i, turn=0, prompt_ids=[1] * (i + 2),
                       response_ids=[2] * (i + 1), logprobs=[], finish_reason="stop", score=float(i),
-                      policy_version=0, outcome={}) for i in range(3)]
+                      policy_version=0, outcome=None) for i in range(3)]
     m = score_metrics(samples)
     assert (m["prompt_length/mean"], m["prompt_length/max"], m["prompt_length/min"]) == (3.0, 4.0, 2.0)
     assert m["response_length/min"] == 1.0 and m["score/min"] == 0.0
@@ -149,16 +150,16 @@ def test_one_evaluations_p95_from_the_samples_timestamps():
     assert logged_name("timing/eval_p95") == "timing_s/eval_p95"
     assert eval_latency_metrics(samples[-1:]) == {}
     # kernel env: only what the sandbox ran is an evaluation, not an answer that failed to parse
-    samples[3].outcome = {"evaluated": True}
-    samples[7].outcome = {"evaluated": True}
-    samples[0].outcome = {"evaluated": False}
+    samples[3].outcome = TurnOutcome(score=0.0, feedback="", evaluated=True)
+    samples[7].outcome = TurnOutcome(score=0.0, feedback="", evaluated=True)
+    samples[0].outcome = TurnOutcome(score=0.0, feedback="", evaluated=False)
     assert eval_latency_metrics(samples)["timing/eval_p95"] == pytest.approx(0.8)
 
 
 def test_the_env_names_its_metrics_and_the_pipeline_reduces_them():
     def sample(i, metrics):
         return Sample(uid=f"0/t/{i}/0", step=0, task_id="t", traj=i, turn=0, prompt_ids=[1], response_ids=[2],
-                      logprobs=[], finish_reason="stop", score=0.0, policy_version=0, outcome={"metrics": metrics})
+                      logprobs=[], finish_reason="stop", score=0.0, policy_version=0, outcome=TurnOutcome(score=0.0, feedback="", metrics=metrics))
 
     samples = [sample(0, {"sandbox/evals_per_min": 1.0, "sandbox/cache_hit_rate": 1.0, "sandbox/compile_s_p50": 9.0}),
                sample(1, {"sandbox/evals_per_min": 1.0, "sandbox/cache_hit_rate": 0.0, "sandbox/compile_s_p50": 1.0}),

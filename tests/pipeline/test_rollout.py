@@ -32,14 +32,14 @@ async def test_multi_turn_episodes_fill_every_sample_field(engine, tiny):
         assert s.prompt_ids and s.response_ids and len(s.logprobs) == len(s.response_ids)
         assert len(s.response_ids) <= 12 and s.finish_reason in ("stop", "length")
         assert s.response_text == tok.decode(s.response_ids, skip_special_tokens=True)
-        assert s.score == pytest.approx(env.score(s.outcome["answer"]))
-        assert s.outcome["feedback"].startswith("Your previous answer scored")
+        assert s.score == pytest.approx(env.score(s.outcome.answer))
+        assert s.outcome.feedback.startswith("Your previous answer scored")
         assert s.t_gen_start <= s.t_gen_end <= s.t_eval_end and s.error is None
     by_traj = {(s.task_id, s.traj): sorted([x for x in seen if (x.task_id, x.traj) == (s.task_id, s.traj)],
                                            key=lambda x: x.turn) for s in seen}
     for first, second in by_traj.values():
         text = tok.decode(second.prompt_ids)
-        assert first.outcome["feedback"] in text and text.startswith(tok.decode(first.prompt_ids)[:40])
+        assert first.outcome.feedback in text and text.startswith(tok.decode(first.prompt_ids)[:40])
         assert second.t_gen_start >= first.t_eval_end  # the next turn waits for its own feedback
     m = batch.stats.metrics()
     assert m["rollout/samples"] == 12 and m["timing/gen"] > 0 and m["response/length_mean"] > 0
@@ -151,6 +151,7 @@ async def test_evaluator_crash_gives_zero_scored_samples_and_the_batch_completes
     assert len(bad) == 2 and all(s.turn == 0 and s.score == 0.0 for s in bad)
     assert all("evaluation failed: RuntimeError: evaluator process died" in s.error for s in bad)
     assert all(s.response_ids for s in bad)  # the generated tokens are kept with the error
+    assert all(s.outcome.error_kind == "pipeline_error" and not s.outcome.parse_ok for s in bad)
     assert batch.stats.n_errors == 2
 
 
@@ -186,7 +187,7 @@ async def test_long_prompts_drop_old_turns_or_end_the_trajectory(engine, tiny):
     batch = await run_episodes(engine, tok, env, [task], 0, 0, cfg)
     assert len(batch.samples) == 6 and all(len(s.prompt_ids) <= first + 8 for s in batch.samples)
     assert batch.stats.history_turns_dropped > 0
-    assert all(s.outcome["history_dropped"] >= 1 for s in batch.samples if s.turn > 0)
+    assert all(s.history_dropped >= 1 for s in batch.samples if s.turn > 0)
     batch = await run_episodes(engine, tok, env, [task], 0, 0, rollout_cfg(max_prompt_length=first - 1))
     assert batch.samples == [] and batch.stats.ended_prompt_too_long == 2
 
@@ -209,7 +210,7 @@ async def test_a_start_continues_a_trajectory_from_its_history(engine, tiny):
     assert all((s.round, s.parent) == (0, None) for s in fresh)
     assert cont[0].prompt_ids == build_prompt(tok, env.messages(task, history))
     assert history[0].feedback in tok.decode(cont[1].prompt_ids)
-    assert cont[0].outcome["feedback"] in tok.decode(cont[1].prompt_ids)
+    assert cont[0].outcome.feedback in tok.decode(cont[1].prompt_ids)
     assert fresh[0].prompt_ids == build_prompt(tok, env.messages(task, []))
     assert Start(history).turn0 == 2
     with pytest.raises(ValueError, match="starts for trajectories not in this batch"):

@@ -11,6 +11,7 @@ from pipeline.eval_metrics import pass_at_k, summarize
 from pipeline.metrics import score_metrics
 from pipeline.sample import Sample
 from pipeline.timeline import Timeline, merge_intervals
+from rewards.interface import TurnOutcome
 
 
 def test_overlap_and_image(tmp_path):
@@ -43,7 +44,7 @@ def test_merge_intervals():
 def _sample(i, score, **outcome):
     return Sample(uid=f"0/t{i % 2}/{i}/0", step=0, task_id=f"t{i % 2}", traj=i, turn=0,
                   prompt_ids=[1], response_ids=[2], logprobs=[-0.1], finish_reason="stop",
-                  score=score, policy_version=0, outcome=outcome)
+                  score=score, policy_version=0, outcome=TurnOutcome(score=score, feedback="", **outcome))
 
 
 def test_score_metrics_from_outcomes():

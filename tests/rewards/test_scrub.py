@@ -11,7 +11,7 @@ from rewards.env import KernelEnv
 from rewards.interface import Turn
 from rewards.scrub import REDACTED, Scrubber
 from rewards.solutions import load_solution
-from sandbox.result import EvalResult
+from sandbox.result import EvalResult, mark_refused_build
 
 ENV_SECRET = "rAyT0kEn-9f8e7d6c5b4a39281706"
 NETRC_SECRET = "Wb4ndbK3yX9q2LmPzR7s"
@@ -128,7 +128,7 @@ async def test_secrets_in_a_verdict_reach_no_feedback_sample_or_log(secrets_env,
     assert outcome.score == 0.0 and outcome.error_kind == "runtime_error" and "ray auth" in outcome.feedback
     sample = Sample(uid="0/t/0/0", step=0, task_id=task.task_id, traj=0, turn=0, prompt_ids=[1], response_ids=[2],
                     logprobs=[-0.1], finish_reason="stop", score=outcome.score, policy_version=0,
-                    response_text=f"ok {leak}", outcome=dataclasses.asdict(outcome))  # as pipeline.rollout builds it
+                    response_text=f"ok {leak}", outcome=outcome)  # as pipeline.rollout builds it
     next_prompt = env.messages(task, [Turn(outcome.summary, outcome.answer, outcome.feedback)])
     cfg = LoggerConfig(backends=["jsonl"], project="p", entity=None, group=None, tags=[], mode="offline",
                        table_every=1, table_rows=2, timeline_every=0, console_keys=[])
@@ -138,7 +138,7 @@ async def test_secrets_in_a_verdict_reach_no_feedback_sample_or_log(secrets_env,
     written = (tmp_path / "run" / "episodes.jsonl").read_text()
     assert json.loads(written.splitlines()[0])["task"] == task.task_id
     places = {"feedback": outcome.feedback, "verdict": json.dumps(outcome.verdict),
-              "sample outcome": json.dumps(sample.outcome), "prompt": json.dumps(next_prompt),
+              "sample outcome": json.dumps(dataclasses.asdict(sample.outcome)), "prompt": json.dumps(next_prompt),
               "episodes.jsonl": written}
     for where, text in places.items():
         for secret in (ENV_SECRET, NETRC_SECRET, GCS):
@@ -175,7 +175,7 @@ async def test_a_build_the_hook_refused_is_a_disallowed_build_argument():
     result = EvalResult(stage="compile", error_kind="compile_error", backend="cpu",
                         error="RuntimeError: disallowed build argument: extra_cflags: '-wrapper' is not an allowed "
                               "g++ flag (it hands arguments to, or picks, another program)")
-    env, task = _env(result)
+    env, task = _env(mark_refused_build(result))  # as sandbox.pool.EvalPool returns it: flagged
     # the answer passes the static rules (its flags are not literals), the sandbox refuses the build
     code = load_solution("cpu", task.task_id).replace('extra_cflags=["-O3"', 'extra_cflags=list(["-O3"])+["-O3"')
     outcome = await env.evaluate(task, _reply(code))

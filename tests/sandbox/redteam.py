@@ -724,10 +724,12 @@ ANSWERS: dict[str, Answer] = {
                                         "compile_error", None, "C++ #include \"<planted .netrc>\" in load_inline "
                                         "cpp_sources (g++ runs in the compile step's Landlock domain)", group="B",
                                         error_needles=("Permission denied",)),
-    "B11_flag_include_of_the_secret": _a(_load_inline(_CPP_RELU, "['-include', $NETRC]"), "compile_error|load_error", None,
+    "B11_flag_include_of_the_secret": _a(_load_inline(_CPP_RELU, "['-include', $NETRC]"), "compile_error|load_error",
+                                         "disallowed_build_argument",
                                          "extra_cflags -include <planted .netrc>", group="B",
                                          error_needles=("disallowed build argument",)),
-    "B12_flag_response_file": _a(_load_inline(_CPP_RELU, "['@' + $NETRC]"), "compile_error|load_error", None,
+    "B12_flag_response_file": _a(_load_inline(_CPP_RELU, "['@' + $NETRC]"), "compile_error|load_error",
+                                 "disallowed_build_argument",
                                  "extra_cflags @<planted .netrc> (a response file)", group="B",
                                  error_needles=("disallowed build argument",)),
     "B13_reads_from_the_compile_step": _a("# load_inline (this word alone gives the answer a compile step)\n" + probe(
@@ -763,7 +765,8 @@ ANSWERS: dict[str, Answer] = {
 
     # ---- C: escapes (issue 25) ------------------------------------------------------------------
     "C01_wrapper_flag_runs_a_script": _a(_load_inline(_CPP_RELU, "['-O2', '-wrapper', '/bin/sh,' + $WRAPPER]"),
-                                         "compile_error|load_error", None, "extra_cflags -wrapper /bin/sh,<script> (the script "
+                                         "compile_error|load_error", "disallowed_build_argument",
+                                         "extra_cflags -wrapper /bin/sh,<script> (the script "
                                          "would create a marker file)", group="C", host_check="marker",
                                          error_needles=("disallowed build argument",)),
     "C02_forged_verdict_on_the_channel": _a(forward(

@@ -102,3 +102,20 @@ def test_absent_or_empty_denied_arguments_and_other_arguments_pass():
                              "extra_include_paths": None, "build_directory": None, "extra_cflags": None,
                              "with_cuda": False, "verbose": False, "is_python_module": True}) == []
     assert check_build_call({"name": "ext", "extra_include_paths": []}) == []
+
+
+@pytest.mark.parametrize("kind,error,log_tail,flagged", [
+    ("compile_error", "RuntimeError: disallowed build argument: extra_cflags: '-wrapper' ...", "", True),
+    ("load_error", "RuntimeError: the import failed", "... disallowed build argument: name ...", True),
+    ("runtime_error", "RuntimeError: disallowed build argument: extra_ldflags: '-L/x' ...", "", True),
+    ("compile_error", "error: expected ';'", "", False),             # any other build failure
+    ("wrong_output", "disallowed build argument (printed)", "", False),  # not a failed build
+    (None, None, "disallowed build argument", False),
+])
+def test_the_pool_flags_a_build_the_hook_refused(kind, error, log_tail, flagged):
+    from sandbox.result import REFUSED_BUILD, EvalResult, mark_refused_build
+
+    res = mark_refused_build(EvalResult(error_kind=kind, error=error, log_tail=log_tail, flags=["x"]))
+    assert res.error_kind == kind  # the sandbox's own verdict is unchanged; rewards reads the flag
+    assert res.flags == (["x", REFUSED_BUILD] if flagged else ["x"])
+    assert mark_refused_build(res).flags == res.flags  # once

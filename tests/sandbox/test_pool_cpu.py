@@ -51,6 +51,18 @@ async def test_a_cpp_compile_error_is_reported_and_cached(sandbox_cfg):
     assert again.error_kind == "compile_error" and again.cache_hit
 
 
+async def test_a_refused_build_argument_comes_back_flagged(sandbox_cfg):
+    # the build hook refuses before anything is built: the sandbox's kind, and the flag rewards reads
+    refused = ("from torch.utils.cpp_extension import load_inline\n"
+               "load_inline('fixture_refused', cpp_sources='int f() { return 0; }', no_implicit_headers=True,\n"
+               "            extra_cflags=['-wrapper', '/bin/sh'])\n"
+               "class ModelNew:\n    pass\n")
+    async with EvalPool(sandbox_cfg) as pool:
+        res = await pool.evaluate(ADD, refused, "cpu")
+    assert res.error_kind in ("compile_error", "load_error") and not res.compiled, res
+    assert "disallowed build argument" in res.error and res.flags == ["disallowed_build_argument"]
+
+
 async def test_identical_concurrent_candidates_build_once_and_repeat_is_a_fast_cache_hit(sandbox_cfg):
     variant = ADD_CPP + "\n# cache-test variant\n"
     cfg = dataclasses.replace(sandbox_cfg, max_concurrent=3)
