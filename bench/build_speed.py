@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import parser, percentile, progress, report
+from bench.common import ninja_seconds, parser, percentile, progress, report
 
 VARIANTS = ("plain", "sandbox")
 # g++ -ftime-report lines worth keeping: the phases and the biggest items inside them
@@ -92,15 +92,7 @@ def build_once(src: str, variant: str, root: Path, pch_root: Path | None, jobs: 
 
 def ninja_times(ext_dir: Path) -> dict[str, float]:
     """Seconds for the compile (main.o) and the link, from ninja's own log."""
-    out: dict[str, float] = {}
-    for log in ext_dir.rglob(".ninja_log"):
-        for line in log.read_text().splitlines():
-            if line.startswith("#"):
-                continue
-            start_ms, end_ms, _, target, *_ = line.split("\t")
-            key = "compile_s" if target.endswith(".o") else "link_s"
-            out[key] = out.get(key, 0.0) + (int(end_ms) - int(start_ms)) / 1000
-    return out
+    return ninja_seconds(ext_dir, lambda target: "compile_s" if target.endswith(".o") else "link_s")
 
 
 def child(job: dict[str, Any]) -> None:

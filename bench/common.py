@@ -42,6 +42,19 @@ def baseline_path(name: str) -> str:
     return f"bench/baselines/{device}/{name}.json"
 
 
+def ninja_seconds(ext_dir: Path, key: Any) -> dict[str, float]:
+    """Seconds of each build step in ``ext_dir``'s .ninja_logs, summed under ``key(target)``."""
+    out: dict[str, float] = {}
+    for log in Path(ext_dir).rglob(".ninja_log"):
+        for line in log.read_text().splitlines():
+            if line.startswith("#"):
+                continue
+            start_ms, end_ms, _, target, *_ = line.split("\t")
+            k = key(target)
+            out[k] = out.get(k, 0.0) + (int(end_ms) - int(start_ms)) / 1000
+    return out
+
+
 def percentile(xs: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (q in [0, 100]); nan for an empty list."""
     if not xs:

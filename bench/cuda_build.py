@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import parser, percentile, progress, report
+from bench.common import ninja_seconds, parser, percentile, progress, report
 from sandbox.build import FULL_HEADER_SUFFIX
 
 MODES = {  # name: (precompiled header for main.cpp, narrow header for cuda.cu)
@@ -55,14 +55,7 @@ def build_once(src: str, mode: str, root: Path, pch_root: Path | None, narrow_di
 
 def ninja_times(ext_dir: Path) -> dict[str, float]:
     """Seconds per object (main.o, cuda.cuda.o) from the newest build dir's .ninja_log."""
-    out: dict[str, float] = {}
-    for log in ext_dir.rglob(".ninja_log"):
-        for line in log.read_text().splitlines():
-            if line.startswith("#"):
-                continue
-            start_ms, end_ms, _, target, *_ = line.split("\t")
-            key = {"main.o": "main_cpp_s", "cuda.cuda.o": "cuda_cu_s"}.get(target, "link_s")
-            out[key] = out.get(key, 0.0) + (int(end_ms) - int(start_ms)) / 1000
+    out = ninja_seconds(ext_dir, lambda target: {"main.o": "main_cpp_s", "cuda.cuda.o": "cuda_cu_s"}.get(target, "link_s"))
     names = [d.name for d in ext_dir.iterdir()]
     # which header tier the build ended on (sandbox/build.py tries "min", then "types", then the real one)
     out["header_tier"] = ("full" if any(n.endswith(FULL_HEADER_SUFFIX) for n in names) else
