@@ -6,6 +6,12 @@ chat template -> ``engine.generate`` -> ``await env.evaluate(task, text)`` -> hi
 trajectory waits for its evaluation, all others keep generating; each scored turn is handed to
 ``on_sample`` at once (streaming rewards).
 
+Back pressure: with ``rollout.max_pending_evals`` = L > 0, a trajectory about to generate waits
+while L of the batch's answers are being evaluated (built, checked, timed). In the real regime
+every answer is a new build and the evaluator, not the engine, sets the step time; generating
+further ahead of it only lengthens its queue (and the reward tail) while holding the sampler GPU.
+Generations already running finish; so at most L + the requests in flight are ever pending.
+
 Failures never stop a batch: a failed or timed-out generation or evaluation becomes a score-0
 Sample with ``error`` set and ends that trajectory. A prompt longer than ``max_prompt_length``
 loses its oldest turns first; if the task prompt alone is too long the trajectory ends, counted in
@@ -59,6 +65,10 @@ class BatchStats:
     t_last_score: float = 0.0
     engine_steps: float = 0.0            # the engine's steps (vLLM) or generate calls (HF) in this batch
     engine_busy_s: float = 0.0           # seconds inside them: step time tells a slower engine from a starved one
+    eval_pending_max: int = 0            # most answers awaiting their score at once (the evaluator's backlog)
+    eval_pending_at_gen_end: int = 0     # answers awaiting their score when the batch's last token came:
+                                         # the reward tail is the time to drain these
+    gen_throttled_s: float = 0.0         # trajectory-seconds spent waiting for the backlog (max_pending_evals)
     latencies_s: list[float] = field(default_factory=list)   # per sample: gen start -> score
     failures: list[str] = field(default_factory=list)        # trajectory-level errors (first 20)
 
@@ -87,6 +97,9 @@ class BatchStats:
             "perf/gen_tokens_per_s": self.response_tokens / self.gen_s if self.gen_s else 0.0,
             "perf/engine_steps": self.engine_steps,
             "perf/engine_step_ms": 1e3 * self.engine_busy_s / self.engine_steps if self.engine_steps else 0.0,
+            "rollout/eval_pending_max": float(self.eval_pending_max),
+            "rollout/eval_pending_at_gen_end": float(self.eval_pending_at_gen_end),
+            "rollout/gen_throttled_s": self.gen_throttled_s,
         }
 
     def merge(self, other: "BatchStats") -> "BatchStats":
@@ -98,8 +111,12 @@ class BatchStats:
                                   failures=(self.failures + other.failures)[:20])
         for name in ("n_tasks", "n_trajectories", "n_generated", "n_samples", "n_errors", "n_truncated",
                      "ended_prompt_too_long", "history_turns_dropped", "response_tokens",
-                     "engine_steps", "engine_busy_s"):
+                     "engine_steps", "engine_busy_s", "gen_throttled_s"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
+        # each worker has its own evaluator backlog; the batch's worst one is what a reader acts on
+        out.eval_pending_max = max(self.eval_pending_max, other.eval_pending_max)
+        if other.t_last_gen_end > self.t_last_gen_end:
+            out.eval_pending_at_gen_end = other.eval_pending_at_gen_end
         out.t_start = min(self.t_start, other.t_start)
         out.t_last_gen_end = max(self.t_last_gen_end, other.t_last_gen_end)
         out.t_last_score = max(self.t_last_score, other.t_last_score)
@@ -169,12 +186,43 @@ def fit_prompt(tokenizer: Any, env: RewardEnv, task: TaskRef, history: list[Turn
     return None, len(history)
 
 
+class EvalBacklog:
+    """The batch's answers awaiting their score, and the gate generation waits at (back pressure).
+
+    Counted here, in the rollout, rather than asked of the evaluator: the rollout sees every answer
+    it handed over and every score that came back, whatever evaluator sits behind ``RewardEnv``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = int(limit)              # <= 0: never wait
+        self.pending = 0
+        self._changed = asyncio.Condition()
+
+    async def wait_for_room(self) -> float:
+        """Seconds this caller waited until fewer than ``limit`` answers were pending."""
+        if self.limit <= 0 or self.pending < self.limit:
+            return 0.0
+        t0 = time.monotonic()
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.pending < self.limit)
+        return time.monotonic() - t0
+
+    def add(self) -> int:
+        self.pending += 1
+        return self.pending
+
+    async def remove(self) -> None:
+        self.pending -= 1
+        async with self._changed:
+            self._changed.notify_all()
+
+
 class _Episodes:
     def __init__(self, engine: Engine, tokenizer: Any, env: RewardEnv, step: int, version: int,
                  cfg: RolloutConfig, on_sample: OnSample | None, stats: BatchStats) -> None:
         self.engine, self.tokenizer, self.env = engine, tokenizer, env
         self.step, self.version, self.cfg, self.on_sample = step, version, cfg, on_sample
         self.stats = stats
+        self.backlog = EvalBacklog(cfg.max_pending_evals)
         self.samples: list[Sample] = []
         # the batch's prompts by their messages: n trajectories of a task start from one prompt, and
         # templating + tokenizing it n times on the event loop delays every request behind it
@@ -205,6 +253,7 @@ class _Episodes:
     async def turn(self, task: TaskRef, traj: int, turn: int, prompt_ids: list[int],
                    dropped: int, start: Start) -> Sample | None:
         """One generation + evaluation; returns the Sample, or None when the trajectory ends."""
+        self.stats.gen_throttled_s += await self.backlog.wait_for_room()
         t_gen_start = time.time()
         try:
             gen = await asyncio.wait_for(self.engine.generate(prompt_ids, self.params),
@@ -215,17 +264,23 @@ class _Episodes:
             gen = Generation.failed(f"generation failed: {type(e).__name__}: {e}")
         t_gen_end = time.time()
         self.stats.n_generated += 1
-        self.stats.t_last_gen_end = max(self.stats.t_last_gen_end, t_gen_end)
+        if t_gen_end >= self.stats.t_last_gen_end:
+            self.stats.t_last_gen_end = t_gen_end
+            # this answer is about to be handed over too: count it among those the tail drains
+            self.stats.eval_pending_at_gen_end = self.backlog.pending + (gen.finish_reason != "error")
         text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True) if gen.token_ids else ""
         error = gen.error if gen.finish_reason == "error" else None
         outcome: TurnOutcome | None = None
         if error is None:
+            self.stats.eval_pending_max = max(self.stats.eval_pending_max, self.backlog.add())
             try:
                 outcome = await asyncio.wait_for(self.env.evaluate(task, text), self.cfg.eval_timeout_s)
             except asyncio.TimeoutError:
                 error = f"evaluation timed out after {self.cfg.eval_timeout_s}s"
             except Exception as e:  # the environment scrubs what it returns; an exception is not that
                 error = scrub(f"evaluation failed: {type(e).__name__}: {e}")
+            finally:
+                await self.backlog.remove()
         sample = Sample(
             uid=f"{self.step}/{task.task_id}/{traj}/{turn}", step=self.step, task_id=task.task_id,
             traj=traj, turn=turn, prompt_ids=prompt_ids, response_ids=list(gen.token_ids),

@@ -22,6 +22,9 @@ class RolloutConfig:
     gen_timeout_s: float = MISSING       # one generation; past it the turn is a score-0 error sample
     eval_timeout_s: float = MISSING      # one evaluation, likewise
     stream_buffer: int = MISSING         # finished samples a sampler holds before trajectories wait
+    # back pressure: no new generation starts while this many of a worker's answers await their
+    # score (the evaluator's backlog); 0: generate regardless (pipeline/rollout.py)
+    max_pending_evals: int = MISSING
     engine: EngineConfig = field(default_factory=EngineConfig)
 
 

@@ -250,3 +250,44 @@ async def test_a_push_mid_episode_lands_between_turns_and_each_turn_records_its_
                     if (s.task_id, s.traj) == (task_id, traj)]
         assert versions == sorted(versions)  # never back to an older version
     assert any(s.policy_version == 1 for s in seen if s.turn == 2)
+
+
+def _pending_at(samples, t):
+    """Answers handed to the evaluator and not yet scored at time ``t``."""
+    return sum(1 for s in samples if s.t_gen_end < t < s.t_eval_end)
+
+
+class OneAtATimeEnv(ToyEnv):
+    """An evaluator that scores one answer at a time (a sandbox pool with one slot): answers
+    handed over together queue behind each other, as cold builds do behind a pool's workers."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.slot = asyncio.Semaphore(1)
+
+    async def evaluate(self, task, response):
+        async with self.slot:
+            return await super().evaluate(task, response)
+
+
+async def test_back_pressure_holds_generation_while_the_evaluator_has_a_backlog(tiny):
+    """max_pending_evals=2: no generation starts while two answers await their score, the batch
+    still completes, and the step reports the backlog and the time waited; off (0), generations
+    start whatever the backlog (here up to 8 at once)."""
+    _, model, tok = tiny
+    env = OneAtATimeEnv(n_tasks=2, delay_s=0.1)
+    results = {}
+    for limit in (0, 2):
+        engine = HFEngine(model, tok, max_inflight=64, max_batch_size=8, batch_wait_s=0.01)
+        cfg = rollout_cfg(n_trajectories=4, turns=2, max_response_length=8, max_pending_evals=limit)
+        batch = await run_episodes(engine, tok, env, env.tasks("train"), 0, 0, cfg)
+        assert len(batch.samples) == 16 and batch.stats.n_errors == 0
+        results[limit] = batch
+    free, held = results[0], results[2]
+    assert max(_pending_at(free.samples, s.t_gen_start) for s in free.samples) >= 4
+    assert free.stats.gen_throttled_s == 0 and free.stats.eval_pending_max == 8
+    # with the gate, a generation starts only when fewer than 2 answers are pending
+    assert max(_pending_at(held.samples, s.t_gen_start) for s in held.samples) < 2
+    m = held.stats.metrics()
+    assert m["rollout/gen_throttled_s"] > 0.3 and m["rollout/eval_pending_max"] >= 2
+    assert 1 <= m["rollout/eval_pending_at_gen_end"] <= 8
