@@ -147,6 +147,7 @@ class SamplerWorker:
         return await self.receiver.receive(self.engine, payload, version)
 
     def weight_receiver_call(self, transport: str, method: str, *args: Any) -> Any:
+        """The actor entry of every transport: ``method(*args)`` of this process's receiver state."""
         return self.receiver.call(transport, method, *args)
 
     async def update_weights(self, payload: Any, version: int) -> int:

@@ -313,7 +313,7 @@ class TrainerWorker:
     # ---- weight sync: a sender per transport (pipeline/weight_sync/), reached through the registry --
     def weight_sender(self, transport: str) -> Any:
         """This rank's sender of ``transport`` (made at first use; it keeps its state between
-        pushes: the object store's refs, cuda_ipc's mapped buffers, broadcast's group)."""
+        pushes: the object store's refs, cuda_ipc's buffers, broadcast's group)."""
         from pipeline.weight_sync import REGISTRY
 
         senders = self.__dict__.setdefault("_senders", {})
