@@ -262,3 +262,20 @@ def test_cuda_ipc_buffers_persist_across_pushes():
             assert torch.equal(t, want2[name]), name
     finally:
         worker.shutdown()
+
+
+def test_a_sampler_keeps_one_receiver_state_per_transport():
+    """The receiver states come from the registry, each made once per process and kept across
+    pushes; a transport without one gets None, an unknown name is refused by name, and broadcast
+    weights handed to a sampler outside the weight group say so."""
+    from pipeline.weight_sync import REGISTRY, WeightReceiver
+    from pipeline.weight_sync.broadcast import BroadcastReceiver
+
+    recv = WeightReceiver(REGISTRY)
+    assert recv.state("object_store") is None
+    joined = recv.state("broadcast")
+    assert isinstance(joined, BroadcastReceiver) and recv.state("broadcast") is joined
+    with pytest.raises(ValueError, match="'nvlink'"):
+        recv.call("nvlink", "join")
+    with pytest.raises(RuntimeError, match="before join"):
+        list(recv.named_tensors(BroadcastWeights(1)))
