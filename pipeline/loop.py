@@ -318,8 +318,7 @@ class Loop(TrainerRestarts):
             metrics["timing/prologue_gen"] = prologue
         metrics["pipeline/weights_version"] = float(self.version)
         metrics["pipeline/trainer_restarts"] = float(self.trainer_restarts)
-        # the push's own split (pipeline.weight_sync push objects; a test's fake has none)
-        split = getattr(self.parts.weight_sync, "last_stats", None) or {}
+        split = self.parts.weight_sync.last_stats  # the push's own split of its seconds
         metrics.update({f"pipeline/weight_sync_{k}": float(split[k])
                         for k in ("transport_s", "load_s", "check_s") if k in split})
         self._log(step, metrics, cur.samples)

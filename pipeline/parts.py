@@ -19,6 +19,18 @@ class WeightsGone(RuntimeError):
     place at its initial weights; the loop generates the batch again after the next push."""
 
 
+# how many times one sampler worker may be lost (and replaced) within one call: a batch, a push,
+# a start; a push interrupted by such losses is made again as many times
+LOSSES_PER_CALL = 3
+
+
+class PushInterrupted(RuntimeError):
+    """Raised by the samplers' ``receive_weights`` to a push: a worker was lost inside a push whose
+    payload cannot be handed again (a broadcast: the tensors travel once, in a collective the lost
+    worker was part of). It has been replaced, and every other worker's load has ended; the push
+    is to be made again, in a new group."""
+
+
 @runtime_checkable
 class Samplers(Protocol):
     """Streams the samples of one batch; ``version`` is the weights version the caller believes
@@ -39,7 +51,10 @@ class Trainer(Protocol):
 
 @runtime_checkable
 class WeightPush(Protocol):
-    """Sends the trainer's current weights to every sampler as ``version``; returns seconds."""
+    """Sends the trainer's current weights to every sampler as ``version``; returns seconds.
+    ``last_stats``: the last push's split in seconds (``transport_s``, ``load_s``, ``check_s``,
+    ...; empty when it keeps none)."""
+    last_stats: dict[str, float]
 
     async def push(self, version: int) -> float: ...
 

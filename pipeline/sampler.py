@@ -24,20 +24,12 @@ import asyncio
 import sys
 from typing import Any, AsyncIterator
 
-from pipeline.parts import WeightsGone
+from pipeline.parts import LOSSES_PER_CALL, PushInterrupted, WeightsGone
 from pipeline.rollout import BatchStats, Starts
 from pipeline.sample import Sample
 from pipeline.sampler_worker import SamplerWorker, stream_shape
+from pipeline.weight_sync import replayable
 from rewards.interface import TaskRef
-
-# how many times one worker may be lost (and replaced) within one call: a batch, a push, a start
-LOSSES_PER_CALL = 3
-
-
-class PushInterrupted(RuntimeError):
-    """A worker was lost inside a push whose payload cannot be handed again (a broadcast: the
-    tensors travel once, in a collective the lost worker was part of). It has been replaced, and
-    every other worker's load has ended; the push is to be made again, in a new group."""
 
 
 def _weights_lost(e: BaseException) -> bool:
@@ -189,18 +181,18 @@ class SamplerGroup:
         return [r["version"] for r in await self.receive_weights(payload, version)]
 
     async def receive_weights(self, payload: Any, version: int) -> list[dict[str, Any]]:
-        """Every worker loads ``payload``; one report each (``WeightReceiverMixin.receive_weights``).
+        """Every worker loads ``payload``; one report each (``WeightReceiver.receive``).
         A worker lost while it loads a replayable payload is replaced and handed it again; one lost
         inside a payload that is not replayable is replaced, and once every other worker's load has
         ended (the broken collective fails theirs too), :class:`PushInterrupted` says so."""
-        replayable = getattr(payload, "replayable", False)
-        self._last_weights = (payload, version) if replayable else None
+        can_replay = replayable(payload)
+        self._last_weights = (payload, version) if can_replay else None
         self._last_weights_version = version
         before = self.restarts
         results = await asyncio.gather(*[self._receive_on(i, w, payload, version)
                                          for i, w in enumerate(self.workers)], return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
-        if errors and not replayable and self.restarts != before:
+        if errors and not can_replay and self.restarts != before:
             raise PushInterrupted(f"{self.restarts - before} sampler worker(s) lost inside the push of "
                                   f"version {version} and replaced; the push must be made again "
                                   f"(first error: {type(errors[0]).__name__}: {errors[0]})")
@@ -209,7 +201,7 @@ class SamplerGroup:
         return list(results)
 
     async def _receive_on(self, i: int, worker: Any, payload: Any, version: int) -> dict[str, Any]:
-        replayable = getattr(payload, "replayable", False)
+        can_replay = replayable(payload)
         for attempt in range(LOSSES_PER_CALL + 1):
             try:
                 return await worker.receive_weights.remote(payload, version)
@@ -219,7 +211,7 @@ class SamplerGroup:
                 print(f"[sampler] worker {i} lost while loading weights version {version} "
                       f"({type(e).__name__}); starting a replacement", file=sys.stderr, flush=True)
                 worker = await self._replace(i, worker, replay=False)
-                if not replayable:  # the payload cannot reach it: the caller pushes again
+                if not can_replay:  # the payload cannot reach it: the caller pushes again
                     raise
         raise AssertionError("unreachable")
 

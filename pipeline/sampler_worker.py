@@ -15,8 +15,10 @@ the kernel env, so each worker times on its own evaluation GPUs). Actor methods:
   ``rollout.stream_buffer`` unread samples, then the worker's trajectories wait.
 * ``update_weights(payload, version)``: any payload of :mod:`pipeline.weight_sync` (object-store
   buckets, CUDA IPC handles, broadcast layout) or ``(name, tensor)`` pairs / a state dict; in
-  place, between batches of the engine. ``receive_weights`` (the same, returning timings and the
-  checksum comparison) and ``join_weight_group(...)`` come from the mixin.
+  place, between batches of the engine. ``receive_weights`` is the same, returning timings and
+  the checksum comparison; ``weight_receiver_call(transport, method, *args)`` reaches a
+  transport's receiver state (a broadcast's ``join``). Both go to the worker's
+  :class:`~pipeline.weight_sync.WeightReceiver` (``worker.receiver``).
 * ``tasks(split)``, ``stats()``, ``sleep()``, ``wake()``, ``ping()``, ``aclose()``.
 
 The group that deals a batch to several of them, and replaces one that is lost, is
@@ -35,7 +37,7 @@ from typing import Any, AsyncIterator
 
 from pipeline.engines import engine_counters
 from pipeline.rollout import BatchStats, Starts, stream_episode_chunks
-from pipeline.weight_sync import WeightReceiverMixin
+from pipeline.weight_sync import REGISTRY, WeightReceiver
 from rewards.interface import RewardEnv, TaskRef
 
 
@@ -83,7 +85,7 @@ def _with_memory_fraction(rollout_cfg: Any, fraction: float | None) -> Any:
     return cfg
 
 
-class SamplerWorker(WeightReceiverMixin):
+class SamplerWorker:
     """One engine + one environment; meant to run as a Ray async actor (``ray.remote(SamplerWorker)``)."""
 
     def __init__(self, model_cfg: Any, rollout_cfg: Any, env_spec: Any, worker_index: int = 0,
@@ -99,6 +101,7 @@ class SamplerWorker(WeightReceiverMixin):
             source, self.tokenizer = load_model_and_tokenizer(model_cfg)
         self.engine = make_engine(self.cfg.engine, source, self.tokenizer)
         self.env = build_env(env_spec, worker_index)
+        self.receiver = WeightReceiver(REGISTRY)
         self.last_stats = BatchStats()
         self.live: BatchStats | None = None  # the batch being generated, for progress()
         self.batches = 0
@@ -137,6 +140,15 @@ class SamplerWorker(WeightReceiverMixin):
             out.update(step=float(live.step), generated=float(live.n_generated), scored=float(live.n_samples),
                        seconds=time.time() - live.t_start if live.t_start else 0.0)
         return out
+
+    async def receive_weights(self, payload: Any, version: int) -> dict[str, Any]:
+        """Load ``payload`` into the engine as ``version``; the report of
+        :meth:`~pipeline.weight_sync.WeightReceiver.receive` (seconds, checksum comparison)."""
+        return await self.receiver.receive(self.engine, payload, version)
+
+    def weight_receiver_call(self, transport: str, method: str, *args: Any) -> Any:
+        """The actor entry of every transport: ``method(*args)`` of this process's receiver state."""
+        return self.receiver.call(transport, method, *args)
 
     async def update_weights(self, payload: Any, version: int) -> int:
         # the engine copies under its batch lock: receive_weights runs it off the event loop

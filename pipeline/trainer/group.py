@@ -2,7 +2,7 @@
 trainer's resource pool, joined into one torch.distributed group through rank 0's address.
 ``train`` takes a ``TrainBatch`` (built by pipeline.algorithms.build_train_batch), plans its split
 over ranks, mini- and micro-batches (pipeline/trainer/plan.py) and runs the step on all ranks at
-once; the weight-sync methods make every rank take part in a push."""
+once; ``weight_sender_call`` makes every rank's sender of a transport take part in a push."""
 from __future__ import annotations
 
 import time
@@ -154,27 +154,11 @@ class TrainerGroup:
         out["actor/micro_batches"] = float(sum(len(m) for m in plan.ranks[0].mini_batches))
         return out
 
-    # ---- weight sync (pipeline/weight_sync/): every rank takes part, rank 0's answer returns --
-    async def _rank0(self, method: str, *args: Any) -> Any:
-        import asyncio
-
-        results = await asyncio.gather(*[getattr(w, method).remote(*args) for w in self.workers])
-        return results[0]
-
-    async def object_store_send(self, version: int, verify: bool) -> Any:
-        return await self._rank0("object_store_send", version, verify)
-
-    async def cuda_ipc_send(self, version: int, verify: bool) -> Any:
-        return await self._rank0("cuda_ipc_send", version, verify)
-
-    async def broadcast_prepare(self, version: int, verify: bool) -> Any:
-        return await self._rank0("broadcast_prepare", version, verify)
-
-    async def broadcast_send(self) -> float:
-        return await self.workers[0].broadcast_send.remote()
-
-    def broadcast_join(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
-        self._call("broadcast_join", host, port, world_size, timeout_s)
+    # ---- weight sync (pipeline/weight_sync/): every rank's sender takes part in a push --------
+    def weight_sender_call(self, transport: str, method: str, *args: Any) -> list[Any]:
+        """``method(*args)`` of every rank's sender of ``transport``, started: one Ray ref per
+        rank, rank 0's first (await them together, or ``ray.get``; only rank 0 answers with data)."""
+        return [w.weight_sender_call.remote(transport, method, *args) for w in self.workers]
 
     def rank0_address(self) -> tuple[str, int]:
         import ray

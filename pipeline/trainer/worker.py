@@ -310,31 +310,22 @@ class TrainerWorker:
             size += nbytes
         return out
 
-    # ---- weight sync: one sender per transport (pipeline/weight_sync/), these methods only --
+    # ---- weight sync: a sender per transport (pipeline/weight_sync/), reached through the registry --
     def weight_sender(self, transport: str) -> Any:
         """This rank's sender of ``transport`` (made at first use; it keeps its state between
-        pushes: the object store's refs, cuda_ipc's mapped buffers, broadcast's group)."""
-        from pipeline.weight_sync import SENDERS
+        pushes: the object store's refs, cuda_ipc's buffers, broadcast's group)."""
+        from pipeline.weight_sync import REGISTRY
 
         senders = self.__dict__.setdefault("_senders", {})
         if transport not in senders:
-            senders[transport] = SENDERS[transport](self)
+            if transport not in REGISTRY:
+                raise ValueError(f"weight transport {transport!r}: expected one of {tuple(REGISTRY)}")
+            senders[transport] = REGISTRY[transport].sender(self)
         return senders[transport]
 
-    def object_store_send(self, version: int, verify: bool) -> Any:
-        return self.weight_sender("object_store").send(version, verify)
-
-    def cuda_ipc_send(self, version: int, verify: bool) -> Any:
-        return self.weight_sender("cuda_ipc").send(version, verify)
-
-    def broadcast_join(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
-        self.weight_sender("broadcast").join(host, port, world_size, timeout_s)
-
-    def broadcast_prepare(self, version: int, verify: bool) -> Any:
-        return self.weight_sender("broadcast").prepare(version, verify)
-
-    def broadcast_send(self) -> float:
-        return self.weight_sender("broadcast").send()
+    def weight_sender_call(self, transport: str, method: str, *args: Any) -> Any:
+        """The actor entry of every transport: ``method(*args)`` of this rank's sender."""
+        return getattr(self.weight_sender(transport), method)(*args)
 
     def weight_payload_bytes(self) -> int:
         """Bytes one push carries (a tied weight once, floats in the export dtype): the same for

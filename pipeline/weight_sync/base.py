@@ -1,14 +1,21 @@
 """What every weight transport shares: the typed contract between the three processes a push
 crosses, flat buffers, the tied-weight dedupe and per-tensor checksums.
 
-The contract (one implementation per transport, one file each):
+The contract (one implementation per transport, one file each, registered as a :class:`Transport`):
 
-* a **sender** lives in a trainer rank (:class:`~pipeline.trainer.worker.TrainerWorker` holds one
-  per transport and exposes it through explicit actor methods); it turns the rank's weights into
-  a payload;
-* a **payload** (:class:`Payload`) is plain data that crosses Ray; its ``tensors(receiver)`` yields
-  ``(HF name, tensor)`` pairs inside a sampler process, and ``finish(receiver)`` runs once the
-  engine has copied them;
+* a **sender** lives in a trainer rank: ``Sender(worker)`` is made at first use by
+  :meth:`~pipeline.trainer.worker.TrainerWorker.weight_sender` and keeps what outlives a push
+  (buffers, a process group); the driver reaches its methods through the one generic actor entry
+  ``weight_sender_call(transport, method, *args)`` (on every rank, through
+  :meth:`~pipeline.trainer.group.TrainerGroup.weight_sender_call`); it turns the rank's weights
+  into a payload;
+* a **payload** (:class:`Payload`) is plain data that crosses Ray; its ``tensors(state)`` yields
+  ``(HF name, tensor)`` pairs inside a sampler process, and ``finish(state)`` runs once the
+  engine has copied them; ``state`` is the transport's receiver state in that process;
+* a **receiver state** (optional) lives in a sampler process, held by its
+  :class:`~pipeline.weight_sync.receiver.WeightReceiver` (made at first use, kept across pushes: a
+  mapping of the trainer's buffers, a process group); the driver reaches its methods through the
+  sampler worker's ``weight_receiver_call(transport, method, *args)``;
 * a **push** (:class:`WeightPushBase`) lives in the driver and orders the two sides through
   :class:`~pipeline.trainer.group.TrainerGroup` and the sampler group.
 
@@ -18,6 +25,7 @@ stacked): the sum and the sum of squares of the raw bit patterns, both exact int
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -34,16 +42,24 @@ Checksums = dict[str, tuple[int, int, tuple[int, ...], str]]
 
 @runtime_checkable
 class Payload(Protocol):
+    transport: ClassVar[str]             # the name its Transport is registered under
     replayable: ClassVar[bool]           # can be handed again to a sampler started after the push
     version: int
     checksums: Checksums | None          # of what was sent, when the push verifies
     timings: dict[str, float]            # the sender's own seconds (e.g. pack_s, checksum_s)
 
-    def tensors(self, receiver: Any) -> Iterator[tuple[str, torch.Tensor]]:
-        """Inside the sampler: the named tensors (lazily, bucket by bucket where it can)."""
+    def tensors(self, state: Any) -> Iterator[tuple[str, torch.Tensor]]:
+        """Inside the sampler, given its receiver state of this transport (None if the transport
+        has none): the named tensors (lazily, bucket by bucket where it can)."""
 
-    def finish(self, receiver: Any) -> None:
+    def finish(self, state: Any) -> None:
         """Inside the sampler, after the engine has loaded every tensor."""
+
+
+def replayable(payload: Any) -> bool:
+    """Whether ``payload`` can be handed again to a sampler started after the push. Plain
+    ``(name, tensor)`` pairs or a state dict (tests hand those over) count as not replayable."""
+    return isinstance(payload, Payload) and payload.replayable
 
 
 @dataclass
@@ -247,6 +263,11 @@ class WeightPushBase(ABC):
     async def _send(self, version: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """The transport's own push: (the sender's timings, one report per sampler)."""
 
+    async def _senders(self, method: str, *args: Any) -> Any:
+        """``method(*args)`` of this transport's sender on every trainer rank (a gather is a
+        collective: all ranks take part, and one rank's error ends the wait); rank 0's answer."""
+        return (await asyncio.gather(*self.trainer.weight_sender_call(self.transport, method, *args)))[0]
+
     async def push(self, version: int) -> float:
         t0 = time.perf_counter()
         sender, reports = await self._send(version)
@@ -263,6 +284,17 @@ class WeightPushBase(ABC):
                            **{f"sender_{k}": v for k, v in sender.items()}}
         self.last_s = total
         return total
+
+
+@dataclass(frozen=True)
+class Transport:
+    """One transport's parts, registered under ``name`` in :data:`pipeline.weight_sync.REGISTRY`:
+    the driver's push, the trainer rank's sender (``sender(worker)``) and the sampler process's
+    receiver state (``receiver()``; None when the payload carries everything)."""
+    name: str
+    push: type[WeightPushBase]
+    sender: Callable[[Any], Any]
+    receiver: Callable[[], Any] | None = None
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -11,13 +11,17 @@ from typing import Any, ClassVar, Iterator
 
 import torch
 
-from pipeline.weight_sync.base import (Checksums, FlatLayout, WeightPushBase, broadcast, checksums,
-                                       flat_layouts, gathered_without_aliases, meta_export, new_group,
-                                       pack)
+from pipeline.parts import LOSSES_PER_CALL, PushInterrupted
+from pipeline.weight_sync.base import (Checksums, FlatLayout, Transport, WeightPushBase, broadcast,
+                                       checksums, flat_layouts, gathered_without_aliases, meta_export,
+                                       new_group, pack)
+
+NAME = "broadcast"
 
 
 @dataclass
 class BroadcastWeights:
+    transport: ClassVar[str] = NAME
     # the tensors travel once, inside a group collective: a worker started later cannot fetch them
     replayable: ClassVar[bool] = False
     version: int
@@ -25,25 +29,35 @@ class BroadcastWeights:
     checksums: Checksums | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
-    def tensors(self, receiver: Any) -> Iterator[tuple[str, torch.Tensor]]:
-        if receiver.group is None:
-            raise RuntimeError("broadcast weights arrived before join_weight_group(): the sampler is "
-                               "not in the weight group")
+    def tensors(self, state: BroadcastReceiver) -> Iterator[tuple[str, torch.Tensor]]:
+        if state.group is None:
+            raise RuntimeError("broadcast weights arrived before join(): the sampler is not in the "
+                               "weight group")
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
         for layout in self.buffers:
             flat = layout.empty(device)
-            broadcast(receiver.group, flat)
+            broadcast(state.group, flat)
             yield from layout.views(flat)
 
-    def finish(self, receiver: Any) -> None:
+    def finish(self, state: BroadcastReceiver) -> None:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
 
 
+class BroadcastReceiver:
+    """In a sampler process: its membership of the weight group (rank 1 + its worker index)."""
+
+    def __init__(self) -> None:
+        self.group: Any = None
+        self.rank = -1
+
+    def join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
+        self.group, self.rank = new_group(host, port, rank, world_size, timeout_s), rank
+
+
 class BroadcastSender:
     """In a trainer rank: rank 0 is rank 0 of the weight group; the others only join the gather."""
-    transport = "broadcast"
 
     def __init__(self, worker: Any) -> None:
         self.worker = worker
@@ -105,7 +119,7 @@ class BroadcastPush(WeightPushBase):
     """Forms the weight group at start, and again whenever the sampler group has replaced a worker or the
     trainer group has restarted since: the new process is not in the old group, whose world size
     still counts the lost one, so a broadcast there would hang."""
-    transport = "broadcast"
+    transport = NAME
 
     def __init__(self, trainer: Any, samplers: Any, timeout_s: float, verify: bool = True) -> None:
         super().__init__(trainer, samplers, timeout_s, verify)
@@ -118,23 +132,25 @@ class BroadcastPush(WeightPushBase):
 
         host, port = self.trainer.rank0_address()
         world = 1 + len(self.samplers.workers)
-        joins = [w.join_weight_group.remote(host, port, 1 + i, world, self.timeout_s)
+        joins = [w.weight_receiver_call.remote(NAME, "join", host, port, 1 + i, world, self.timeout_s)
                  for i, w in enumerate(self.samplers.workers)]
-        self.trainer.broadcast_join(host, port, world, self.timeout_s)
+        ray.get(self.trainer.weight_sender_call(NAME, "join", host, port, world, self.timeout_s))
         ray.get(joins)
         self._group_restarts = self._restarts()
 
     def _restarts(self) -> tuple[int, int]:
         return getattr(self.samplers, "restarts", 0), getattr(self.trainer, "restarts", 0)
 
-    async def _send(self, version: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
-        from pipeline.sampler import LOSSES_PER_CALL, PushInterrupted
+    async def prepare(self, version: int) -> BroadcastWeights:
+        """Every rank gathers; rank 0 packs the buffers and answers their layouts."""
+        return await self._senders("prepare", version, self.verify)
 
+    async def _send(self, version: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         for attempt in range(LOSSES_PER_CALL + 1):
             if self._restarts() != self._group_restarts:
                 await asyncio.to_thread(self._form_group)
-            payload = await self.trainer.broadcast_prepare(version, self.verify)
-            send = asyncio.ensure_future(self.trainer.broadcast_send())
+            payload = await self.prepare(version)
+            send = asyncio.ensure_future(self._senders("send"))
             try:
                 reports = await self.samplers.receive_weights(payload, version)
             except PushInterrupted as e:
@@ -152,3 +168,6 @@ class BroadcastPush(WeightPushBase):
             timings = dict(payload.timings, send_s=await send)
             return timings, reports
         raise AssertionError("unreachable")
+
+
+TRANSPORT = Transport(NAME, BroadcastPush, BroadcastSender, BroadcastReceiver)

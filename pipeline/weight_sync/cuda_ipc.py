@@ -27,14 +27,16 @@ from typing import Any, ClassVar, Iterator
 
 import torch
 
-from pipeline.weight_sync.base import (Checksums, FlatLayout, WeightPushBase, checksums, flat_layouts,
-                                       full_tensor, meta_export, without_aliases)
+from pipeline.weight_sync.base import (Checksums, FlatLayout, Transport, WeightPushBase, checksums,
+                                       flat_layouts, full_tensor, meta_export, without_aliases)
 
+NAME = "cuda_ipc"
 _buffer_ids = itertools.count()
 
 
 @dataclass
 class CudaIpcWeights:
+    transport: ClassVar[str] = NAME
     # the trainer's buffers hold this version until the next push, which waits for every report:
     # a replacement worker maps them afresh (the header check catches a later version)
     replayable: ClassVar[bool] = True
@@ -46,8 +48,8 @@ class CudaIpcWeights:
     checksums: Checksums | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
-    def tensors(self, receiver: Any) -> Iterator[tuple[str, torch.Tensor]]:
-        mapped = receiver.ipc_mapped(self)
+    def tensors(self, state: CudaIpcReceiver) -> Iterator[tuple[str, torch.Tensor]]:
+        mapped = state.mapping(self)
         written = int(mapped.header.item())
         if written != self.version:
             raise RuntimeError(f"cuda_ipc buffer {self.buffer_id} holds version {written}, the payload "
@@ -55,7 +57,7 @@ class CudaIpcWeights:
         for layout, flat in zip(mapped.layouts, mapped.flats):
             yield from layout.views(flat)
 
-    def finish(self, receiver: Any) -> None:
+    def finish(self, state: CudaIpcReceiver) -> None:
         # the engine's copies out of the buffers must be done before the trainer may write again
         torch.cuda.synchronize()
 
@@ -67,6 +69,23 @@ class Mapped:
     header: torch.Tensor
     layouts: list[FlatLayout]
     flats: list[torch.Tensor]
+
+
+class CudaIpcReceiver:
+    """In a sampler process: the mapping of the trainer's buffers, opened at the first push and
+    kept (into vLLM, the push that mapped took 52.9 ms of transport, the later ones 7.4 ms:
+    docs/performance.md)."""
+
+    def __init__(self) -> None:
+        self.mapped: Mapped | None = None
+
+    def mapping(self, payload: CudaIpcWeights) -> Mapped:
+        """The buffers ``payload`` names; a new buffer id (the trainer allocated again) drops the
+        old mapping first."""
+        if self.mapped is None or self.mapped.buffer_id != payload.buffer_id:
+            self.mapped = None
+            self.mapped = open_mapping(payload)
+        return self.mapped
 
 
 def open_mapping(payload: CudaIpcWeights) -> Mapped:
@@ -85,7 +104,6 @@ class CudaIpcSender:
     With several ranks every push gathers each full tensor (all ranks), and rank 0 copies it in.
     With LoRA (``worker.lora_scales``) every push merges each wrapped weight afresh, one at a time
     (pipeline/trainer/lora.py): the buffers hold merged weights, so there is no source to alias."""
-    transport = "cuda_ipc"
 
     def __init__(self, worker: Any) -> None:
         self.worker = worker
@@ -165,13 +183,16 @@ class CudaIpcSender:
 
 
 class CudaIpcPush(WeightPushBase):
-    transport = "cuda_ipc"
+    transport = NAME
 
     async def _send(self, version: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         t0 = time.perf_counter()
-        payload = await self.trainer.cuda_ipc_send(version, self.verify)
+        payload = await self._senders("send", version, self.verify)
         timings = dict(payload.timings, trainer_call_s=time.perf_counter() - t0)
         return timings, await self.samplers.receive_weights(payload, version)
+
+
+TRANSPORT = Transport(NAME, CudaIpcPush, CudaIpcSender, CudaIpcReceiver)
 
 
 # ---- helpers --------------------------------------------------------------------------------

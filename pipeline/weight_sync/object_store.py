@@ -9,11 +9,14 @@ from typing import Any, ClassVar, Iterator
 
 import torch
 
-from pipeline.weight_sync.base import Checksums, WeightPushBase, checksums
+from pipeline.weight_sync.base import Checksums, Transport, WeightPushBase, checksums
+
+NAME = "object_store"
 
 
 @dataclass
 class ObjectStoreWeights:
+    transport: ClassVar[str] = NAME
     # the buckets stay in the object store until the next export: a replacement worker fetches them too
     replayable: ClassVar[bool] = True
     version: int
@@ -21,7 +24,7 @@ class ObjectStoreWeights:
     checksums: Checksums | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
-    def tensors(self, receiver: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    def tensors(self, state: None) -> Iterator[tuple[str, torch.Tensor]]:
         import ray
 
         # runs in the receiver's load thread (asyncio.to_thread), never on the actor's event loop;
@@ -31,14 +34,13 @@ class ObjectStoreWeights:
             # a nested ref arrives unresolved; top-level lists of refs as well
             yield from (ray.get(bucket) if isinstance(bucket, ray.ObjectRef) else bucket)
 
-    def finish(self, receiver: Any) -> None:
+    def finish(self, state: None) -> None:
         pass
 
 
 class ObjectStoreSender:
     """In a trainer rank: the last export's refs stay alive here until the next one, so a sampler
     started later (a replacement) can still fetch them."""
-    transport = "object_store"
 
     def __init__(self, worker: Any) -> None:
         self.worker = worker
@@ -64,8 +66,12 @@ class ObjectStoreSender:
 
 
 class ObjectStorePush(WeightPushBase):
-    transport = "object_store"
+    transport = NAME
 
     async def _send(self, version: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
-        payload = await self.trainer.object_store_send(version, self.verify)
+        payload = await self._senders("send", version, self.verify)
         return payload.timings, await self.samplers.receive_weights(payload, version)
+
+
+# the payload carries its object refs: no receiver state
+TRANSPORT = Transport(NAME, ObjectStorePush, ObjectStoreSender)

@@ -1,42 +1,41 @@
-"""The sampler side of every transport: a :class:`WeightReceiver` per sampler process turns any
-payload into ``(HF name, tensor)`` pairs for ``Engine.load_weights``; a sampler actor mixes in
-:class:`WeightReceiverMixin` for the actor methods a push calls."""
+"""The sampler side of every transport: a :class:`WeightReceiver` per sampler process (the
+sampler worker holds one) turns any payload into ``(HF name, tensor)`` pairs for
+``Engine.load_weights`` and keeps each transport's receiver state across pushes."""
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import torch
 
-from pipeline.weight_sync.base import Payload, new_group
+from pipeline.weight_sync.base import Payload, Transport
 
 
 class WeightReceiver:
-    """Lives in a sampler process; holds what outlives one push (the broadcast group, the CUDA IPC
-    mapping of the trainer's buffers)."""
+    """Lives in a sampler process. ``transports``: the registry
+    (:data:`pipeline.weight_sync.REGISTRY`) whose receiver states it makes, each at first use."""
 
-    def __init__(self) -> None:
-        self.group: Any = None
-        self.rank = -1
-        self.mapped: Any = None  # cuda_ipc.Mapped
+    def __init__(self, transports: Mapping[str, Transport]) -> None:
+        self.transports = transports
+        self.states: dict[str, Any] = {}
 
-    def join(self, host: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
-        self.group, self.rank = new_group(host, port, rank, world_size, timeout_s), rank
+    def state(self, transport: str) -> Any:
+        """This process's receiver state of ``transport`` (None for a transport without one)."""
+        if transport not in self.states:
+            if transport not in self.transports:
+                raise ValueError(f"weight transport {transport!r}: expected one of {tuple(self.transports)}")
+            make = self.transports[transport].receiver
+            self.states[transport] = make() if make is not None else None
+        return self.states[transport]
 
-    def ipc_mapped(self, payload: Any) -> Any:
-        """The trainer's buffers, mapped at the first push and kept: a new buffer id (the trainer
-        allocated again) drops the old mapping first."""
-        from pipeline.weight_sync.cuda_ipc import open_mapping
-
-        if self.mapped is None or self.mapped.buffer_id != payload.buffer_id:
-            self.mapped = None
-            self.mapped = open_mapping(payload)
-        return self.mapped
+    def call(self, transport: str, method: str, *args: Any) -> Any:
+        """``method(*args)`` of the receiver state of ``transport`` (e.g. a broadcast's ``join``)."""
+        return getattr(self.state(transport), method)(*args)
 
     def named_tensors(self, payload: Any) -> Iterator[tuple[str, torch.Tensor]]:
         if isinstance(payload, Payload):
-            yield from payload.tensors(self)
+            yield from payload.tensors(self.state(payload.transport))
         elif isinstance(payload, dict):
             yield from payload.items()
         else:
@@ -44,7 +43,30 @@ class WeightReceiver:
 
     def finish(self, payload: Any) -> None:
         if isinstance(payload, Payload):
-            payload.finish(self)
+            payload.finish(self.state(payload.transport))
+
+    async def receive(self, engine: Any, payload: Any, version: int) -> dict[str, Any]:
+        """Load ``payload`` into ``engine`` (off the event loop, so streams keep flowing); with the
+        payload's checksums, compare the engine's tensors with them. Returns seconds and counts:
+        ``receive_s`` (producing the tensors), ``load_s`` (the engine's copies, until the device
+        has finished them), ``check_s``, ``checked`` and ``problems``."""
+        timed = _Timed(self.named_tensors(payload))
+        t0 = time.perf_counter()
+
+        def load() -> None:
+            engine.load_weights(timed, version)
+            self.finish(payload)
+
+        await asyncio.to_thread(load)
+        total = time.perf_counter() - t0
+        report: dict[str, Any] = {"version": engine.version, "tensors": timed.count,
+                                  "receive_s": timed.seconds, "load_s": total - timed.seconds}
+        sums = payload.checksums if isinstance(payload, Payload) else None
+        if sums:
+            t1 = time.perf_counter()
+            report.update(await asyncio.to_thread(engine.check_weights, sums))
+            report["check_s"] = time.perf_counter() - t1
+        return report
 
 
 class _Timed:
@@ -65,41 +87,3 @@ class _Timed:
             self.seconds += time.perf_counter() - t0
         self.count += 1
         return item
-
-
-class WeightReceiverMixin:
-    """For a sampler Ray actor with an ``engine``: ``join_weight_group`` and ``receive_weights``
-    as actor methods."""
-
-    def join_weight_group(self, host: str, port: int, rank: int, world_size: int,
-                          timeout_s: float) -> None:
-        self._weight_receiver().join(host, port, rank, world_size, timeout_s)
-
-    async def receive_weights(self, payload: Any, version: int) -> dict[str, Any]:
-        """Load ``payload`` into the engine (off the event loop, so streams keep flowing); with the
-        payload's checksums, compare the engine's tensors with them. Returns seconds and counts:
-        ``receive_s`` (producing the tensors), ``load_s`` (the engine's copies, until the device
-        has finished them), ``check_s``, ``checked`` and ``problems``."""
-        receiver = self._weight_receiver()
-        timed = _Timed(receiver.named_tensors(payload))
-        t0 = time.perf_counter()
-
-        def load() -> None:
-            self.engine.load_weights(timed, version)
-            receiver.finish(payload)
-
-        await asyncio.to_thread(load)
-        total = time.perf_counter() - t0
-        report: dict[str, Any] = {"version": self.engine.version, "tensors": timed.count,
-                                  "receive_s": timed.seconds, "load_s": total - timed.seconds}
-        sums = getattr(payload, "checksums", None)
-        if sums:
-            t1 = time.perf_counter()
-            report.update(await asyncio.to_thread(self.engine.check_weights, sums))
-            report["check_s"] = time.perf_counter() - t1
-        return report
-
-    def _weight_receiver(self) -> WeightReceiver:
-        if getattr(self, "_receiver", None) is None:
-            self._receiver = WeightReceiver()
-        return self._receiver

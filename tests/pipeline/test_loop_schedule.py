@@ -54,6 +54,7 @@ class FakeSamplers:
 class FakeSync:
     def __init__(self, samplers: FakeSamplers) -> None:
         self.s = samplers
+        self.last_stats: dict[str, float] = {}  # no split of its seconds
 
     async def push(self, version: int) -> float:
         async with self.s.lock:  # waits for the turn in flight to end

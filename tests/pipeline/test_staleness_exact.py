@@ -65,6 +65,7 @@ class LocalPush:
 
     def __init__(self, trainer: TrainerWorker, sampler: SamplerWorker) -> None:
         self.t, self.s, self.weights = trainer, sampler, []
+        self.last_stats: dict[str, float] = {}  # no split of its seconds
 
     async def push(self, version):
         sd = self.t.exported_state_dict()

@@ -41,9 +41,9 @@ class HeldWeights(ObjectStoreWeights):
         super().__init__(inner.version, inner.buckets, inner.checksums, inner.timings)
         self.marker = marker
 
-    def tensors(self, receiver):
+    def tensors(self, state):
         _hold_once(self.marker)
-        yield from super().tensors(receiver)
+        yield from super().tensors(state)
 
 
 class HoldingEnv:
@@ -180,7 +180,7 @@ def _ipc_trainer(q_in, q_out):
     q_out.put("ready")
     while (cmd := q_in.get()) is not None:
         if cmd[0] == "send":
-            q_out.put(worker.cuda_ipc_send(cmd[1], True))
+            q_out.put(worker.weight_sender_call("cuda_ipc", "send", cmd[1], True))
         else:
             with torch.no_grad():
                 for p in worker.model.parameters():
@@ -204,9 +204,9 @@ async def test_sampler_killed_while_loading_a_cuda_ipc_push_is_replaced_and_load
             super().__init__(**{f.name: getattr(inner, f.name) for f in dataclasses.fields(inner)})
             self.marker = marker
 
-        def tensors(self, receiver):
+        def tensors(self, state):
             _hold_once(self.marker)
-            yield from super().tensors(receiver)
+            yield from super().tensors(state)
 
     if ray.is_initialized():
         pytest.skip("run this test alone (-k cuda_ipc): it needs a Ray of the machine's real GPUs")

@@ -46,7 +46,7 @@ def _trainer(q_in, q_out):
     while (cmd := q_in.get()) is not None:
         if cmd[0] == "send":
             t0 = time.perf_counter()
-            payload = worker.cuda_ipc_send(cmd[1], True)
+            payload = worker.weight_sender_call("cuda_ipc", "send", cmd[1], True)
             q_out.put((payload, time.perf_counter() - t0))
         elif cmd[0] == "step":
             with torch.no_grad():
@@ -109,7 +109,7 @@ async def test_cuda_ipc_push_into_vllm_keeps_storage_and_changes_generation():
         assert pointers() == ptrs  # loaded in place: CUDA graphs captured at start stay valid
         assert after != before
         # the mapping was opened once: the same buffers served every push
-        assert worker._weight_receiver().mapped.buffer_id == payload.buffer_id
+        assert worker.receiver.state("cuda_ipc").mapped.buffer_id == payload.buffer_id
     finally:
         q_in.put(None)
         trainer.join(120)

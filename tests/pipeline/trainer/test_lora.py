@@ -72,7 +72,7 @@ def run(tmp_path_factory):
         ipc = w.weight_sender("cuda_ipc")
         ipc.pack(1)
         out["cuda_ipc"] = {n: v.clone() for layout, flat in zip(ipc.layouts, ipc.flats) for n, v in layout.views(flat)}
-        sent = w.broadcast_prepare(1, False)
+        sent = w.weight_sender_call("broadcast", "prepare", 1, False)
         out["broadcast"] = {n: v.clone() for layout, flat in zip(sent.buffers, w.weight_sender("broadcast").flats)
                             for n, v in layout.views(flat)}
         out["payload_bytes"] = w.weight_payload_bytes()
@@ -239,7 +239,7 @@ def test_two_fsdp2_ranks_train_and_push_like_one(ray_local, tmp_path):
     pushed = {}
 
     def push(trainer):
-        payload = asyncio.run(trainer.object_store_send(1, False))
+        payload = ray.get(trainer.weight_sender_call("object_store", "send", 1, False))[0]
         pushed.update(pair for ref in payload.buckets for pair in ray.get(ref))
 
     m1, w1 = run_step(ray_local, (model_cfg, trainer_cfg, algo_cfg), 1, batch)

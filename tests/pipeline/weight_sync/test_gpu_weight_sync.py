@@ -12,18 +12,19 @@ import torch
 from pipeline.models import ModelConfig
 from pipeline.trainer import TrainerConfig, TrainerWorker
 from pipeline.trainer.worker import free_port
-from pipeline.weight_sync import WeightReceiver
+from pipeline.weight_sync import REGISTRY, WeightReceiver
 from tests.pipeline.conftest import group
 
 
 def _receive(q_in, q_out):
-    recv = WeightReceiver()
+    recv = WeightReceiver(REGISTRY)
     while (payload := q_in.get()) is not None:
         try:
             # what a sampler engine does with the views: copy out of the mapped memory
             got = {name: (t.device.index, t.cpu()) for name, t in recv.named_tensors(payload)}
             recv.finish(payload)
-            q_out.put((got, id(recv.mapped), recv.mapped.buffer_id))
+            mapped = recv.state("cuda_ipc").mapped
+            q_out.put((got, id(mapped), mapped.buffer_id))
         except Exception as e:
             q_out.put(f"{type(e).__name__}: {e}")
 
@@ -65,13 +66,13 @@ def test_cuda_ipc_persistent_buffers_arrive_intact_at_every_push():
                     for p in worker.model.parameters():
                         p.to_local().mul_(1.5)
             t0 = time.perf_counter()
-            payload = worker.cuda_ipc_send(version, True)
+            payload = worker.weight_sender_call("cuda_ipc", "send", version, True)
             send_s.append(time.perf_counter() - t0)
             q_in.put(payload)
             answer = q_out.get(timeout=120)
             assert not isinstance(answer, str), answer
             rounds.append((expected(), payload, *answer))
-        stale = worker.cuda_ipc_send(4, False)
+        stale = worker.weight_sender_call("cuda_ipc", "send", 4, False)
         stale.version = 3  # handed over out of order: the header holds 4
         q_in.put(stale)
         refused = q_out.get(timeout=120)

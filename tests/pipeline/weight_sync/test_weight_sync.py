@@ -47,9 +47,9 @@ class HeldBroadcast(BroadcastWeights):
         super().__init__(inner.version, inner.buffers, inner.checksums, inner.timings)
         self.marker = marker
 
-    def tensors(self, receiver):
+    def tensors(self, state):
         _hold_once(self.marker)
-        yield from super().tensors(receiver)
+        yield from super().tensors(state)
 
 
 async def _push_and_kill(sync, version, marker):
@@ -112,12 +112,12 @@ def test_push_reaches_every_sampler(ray_local, tmp_path):
 
         # a sampler SIGKILLed inside a broadcast push (the tensors travel once, in a collective it
         # was part of): it is replaced, the group formed again and the push made again, to both
-        prepare = trainer.broadcast_prepare
+        prepare = bsync.prepare
 
-        async def held_prepare(version, verify):
-            return HeldBroadcast(await prepare(version, verify), str(tmp_path / "held"))
+        async def held_prepare(version):
+            return HeldBroadcast(await prepare(version), str(tmp_path / "held"))
 
-        trainer.broadcast_prepare = held_prepare
+        bsync.prepare = held_prepare
         pids = {p["pid"] for p in asyncio.run(samplers.ping())}
         killed = asyncio.run(_push_and_kill(bsync, 6, tmp_path / "held"))
         assert killed in pids and samplers.restarts == 2
@@ -233,7 +233,7 @@ def test_cuda_ipc_buffers_persist_across_pushes():
         # the object store and broadcast send the tied weight once too (their gathered state
         # dicts hold it twice, in separate storage)
         assert set(worker.exported_state_dict()) == set(want) - {"lm_head.weight"}
-        sent = worker.broadcast_prepare(1, True)
+        sent = worker.weight_sender_call("broadcast", "prepare", 1, True)
         broadcast_names = {name for layout in sent.buffers for name, _, _ in layout.tensors}
         assert broadcast_names == set(want) - {"lm_head.weight"} and len(sent.buffers) > 2  # buckets
         for layout, flat in zip(sent.buffers, worker.weight_sender("broadcast").flats):
@@ -262,3 +262,20 @@ def test_cuda_ipc_buffers_persist_across_pushes():
             assert torch.equal(t, want2[name]), name
     finally:
         worker.shutdown()
+
+
+def test_a_sampler_keeps_one_receiver_state_per_transport():
+    """The receiver states come from the registry, each made once per process and kept across
+    pushes; a transport without one gets None, an unknown name is refused by name, and broadcast
+    weights handed to a sampler outside the weight group say so."""
+    from pipeline.weight_sync import REGISTRY, WeightReceiver
+    from pipeline.weight_sync.broadcast import BroadcastReceiver
+
+    recv = WeightReceiver(REGISTRY)
+    assert recv.state("object_store") is None
+    joined = recv.state("broadcast")
+    assert isinstance(joined, BroadcastReceiver) and recv.state("broadcast") is joined
+    with pytest.raises(ValueError, match="'nvlink'"):
+        recv.call("nvlink", "join")
+    with pytest.raises(RuntimeError, match="before join"):
+        list(recv.named_tensors(BroadcastWeights(1)))
