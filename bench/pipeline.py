@@ -39,11 +39,11 @@ from typing import Any
 from bench.common import fmt, machine, parser, progress, report, target
 
 from pipeline.conf_files import CONF_DIR as CONF  # noqa: E402
-KEYS = {"step_s": "timing/step", "gen_s": "timing/gen", "reward_tail_s": "timing/reward_tail",
-        "gen_plus_reward_s": "timing/gen_total", "train_s": "timing/train", "sync_s": "timing/weight_sync",
-        "efficiency": "pipeline/efficiency", "eval_p95_s": "timing/eval_p95",
+KEYS = {"step_s": "timing_s/step", "gen_s": "timing_s/gen", "reward_tail_s": "timing_s/reward",
+        "gen_plus_reward_s": "timing_s/gen_total", "train_s": "timing_s/train", "sync_s": "timing_s/update_weights",
+        "efficiency": "pipeline/efficiency", "eval_p95_s": "timing_s/eval_p95",
         "policy_lag": "pipeline/policy_lag", "policy_lag_max": "pipeline/policy_lag_max",
-        "dropped": "staleness/dropped_samples", "samples": "perf/samples", "correct": "score/correct",
+        "dropped": "staleness/dropped_samples", "samples": "perf/samples", "correct": "kernel/correct",
         "errors": "sample/error_frac"}
 LANES = ("sampler", "reward", "trainer", "sync")
 COLUMNS = ["k", "schedule", "steps", "steady", "step_s", "step_s_se", "gen_s", "reward_tail_s",
@@ -129,12 +129,12 @@ def summarise(k: int, history: list[dict[str, float]], wall: float, timeline: An
     for name, key in KEYS.items():
         vals = [h[key] for h in steady if key in h]
         row[name] = sum(vals) / len(vals) if vals else float("nan")
-    steps = [h["timing/step"] for h in steady if "timing/step" in h]
+    steps = [h["timing_s/step"] for h in steady if "timing_s/step" in h]
     row["step_s_se"] = statistics.stdev(steps) / math.sqrt(len(steps)) if len(steps) > 1 else float("nan")
     p95 = row["eval_p95_s"]
     row["tail_over_eval_p95"] = row["reward_tail_s"] / p95 if p95 and p95 == p95 else float("nan")
     row.update(busy_shares(timeline, history, steady))
-    row["reward_mean"] = history[-1].get("reward/mean", float("nan")) if history else float("nan")
+    row["reward_mean"] = history[-1].get("critic/score/mean", float("nan")) if history else float("nan")
     return row
 
 

@@ -315,7 +315,7 @@ class Loop(TrainerRestarts):
         self._done = self._done[-(self.k + 2):]  # only timings are read; samples go with training
         metrics.update(self._step_metrics(cur, fresh[-1] if fresh else None, t_train, t_sync, t_total))
         if prologue:
-            metrics["timing/prologue_gen"] = prologue
+            metrics["timing_s/prologue_gen"] = prologue
         metrics["pipeline/weights_version"] = float(self.version)
         metrics["pipeline/trainer_restarts"] = float(self.trainer_restarts)
         # the push's own split (pipeline.weight_sync push objects; a test's fake has none)
@@ -325,7 +325,7 @@ class Loop(TrainerRestarts):
         self._log(step, metrics, cur.samples)
         saved = self._maybe_checkpoint(step, force=self.stop_requested)
         if steps_bar is not None:
-            steps_bar.set_postfix_str(f"reward {metrics.get('reward/mean', 0.0):.3f}")
+            steps_bar.set_postfix_str(f"reward {metrics.get('critic/score/mean', 0.0):.3f}")
             steps_bar.update(1)
         return saved
 
@@ -337,13 +337,13 @@ class Loop(TrainerRestarts):
         m.update(score_metrics(trained.samples))
         m.update(env_metrics(trained.samples, trained.wall))
         t_gen = gen.wall if gen is not None else 0.0
-        m["timing/gen"] = (gen.last_token - gen.t_start) if gen is not None else 0.0
-        m["timing/reward_tail"] = gen.reward_tail if gen is not None else 0.0
+        m["timing_s/gen"] = (gen.last_token - gen.t_start) if gen is not None else 0.0
+        m["timing_s/reward"] = gen.reward_tail if gen is not None else 0.0
         m.update(eval_latency_metrics(gen.samples) if gen is not None else {})  # the same batch's
-        m["timing/gen_total"] = t_gen
-        m["timing/train"] = t_train
-        m["timing/weight_sync"] = t_sync
-        m["timing/step"] = t_total
+        m["timing_s/gen_total"] = t_gen
+        m["timing_s/train"] = t_train
+        m["timing_s/update_weights"] = t_sync
+        m["timing_s/step"] = t_total
         ideal = max(t_gen, t_train) + t_sync
         m["pipeline/efficiency"] = ideal / t_total if t_total > 0 else 0.0
         m["pipeline/trainer_idle"] = max(0.0, 1.0 - t_train / t_total) if t_total > 0 else 0.0

@@ -51,15 +51,15 @@ def score_metrics(samples: list[Sample]) -> dict[str, float]:
     if n == 0:
         return {}
     o = [s.outcome for s in samples if s.outcome is not None]  # a Sample without one counts as all-false
-    out = {"score/parse_ok": sum(d.parse_ok for d in o) / n, "score/compiled": sum(d.compiled for d in o) / n,
-           "score/correct": sum(d.correct for d in o) / n}
+    out = {"kernel/parse_ok": sum(d.parse_ok for d in o) / n, "kernel/compiled": sum(d.compiled for d in o) / n,
+           "kernel/correct": sum(d.correct for d in o) / n}
     speedups = [float(d.speedup) for d in o if d.correct and d.speedup is not None
                 and math.isfinite(float(d.speedup))]
-    out["score/speedup_mean"] = _mean(speedups)
-    out["score/fast_1"] = sum(1 for x in speedups if x > 1.0) / n
-    out["score/mean"] = _mean([s.score for s in samples])
-    out["score/max"] = max(s.score for s in samples)
-    out["score/min"] = min(s.score for s in samples)
+    out["kernel/speedup_mean"] = _mean(speedups)
+    out["kernel/fast_1"] = sum(1 for x in speedups if x > 1.0) / n
+    out["critic/score/mean"] = _mean([s.score for s in samples])
+    out["critic/score/max"] = max(s.score for s in samples)
+    out["critic/score/min"] = min(s.score for s in samples)
     # verl's length statistics (tokens; the prompt includes the episode's history)
     prompts = [float(len(s.prompt_ids)) for s in samples]
     responses = [float(len(s.response_ids)) for s in samples]
@@ -100,7 +100,7 @@ def env_metrics(samples: list[Sample], wall_s: float) -> dict[str, float]:
 
 def eval_latency_metrics(samples: list[Sample]) -> dict[str, float]:
     """Seconds of one evaluation (a sample's last token -> its score, ``env.evaluate`` with any wait
-    for a sandbox slot): p50, p95 (nearest rank) and max over the batch. ``timing/reward_tail`` is
+    for a sandbox slot): p50, p95 (nearest rank) and max over the batch. ``timing_s/reward`` is
     compared with the p95: a tail above it means the step waited for more than one slow score.
     Where the environment says its evaluator ran some answers (``TurnOutcome.evaluated``), only
     those count: an answer that fails to parse is scored in microseconds and is no evaluation."""
@@ -110,7 +110,7 @@ def eval_latency_metrics(samples: list[Sample]) -> dict[str, float]:
     if not xs:
         return {}
     p95 = xs[max(0, math.ceil(0.95 * len(xs)) - 1)]
-    return {"timing/eval_p50": statistics.median(xs), "timing/eval_p95": p95, "timing/eval_max": xs[-1]}
+    return {"timing_s/eval_p50": statistics.median(xs), "timing_s/eval_p95": p95, "timing_s/eval_max": xs[-1]}
 
 
 def episode_rows(samples: list[Sample], k: int, decode: Any = None,

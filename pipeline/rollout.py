@@ -74,16 +74,16 @@ class BatchStats:
     def metrics(self) -> dict[str, float]:
         lat = self.latencies_s or [0.0]
         return {
-            "timing/gen": self.gen_s,
-            "timing/reward_tail": self.reward_tail_s,
+            "timing_s/gen": self.gen_s,
+            "timing_s/reward": self.reward_tail_s,
             "rollout/samples": float(self.n_samples),
             "rollout/errors": float(self.n_errors),
             "rollout/prompt_too_long": float(self.ended_prompt_too_long),
             "rollout/history_turns_dropped": float(self.history_turns_dropped),
             "rollout/latency_p50_s": statistics.median(lat),
             "rollout/latency_max_s": max(lat),
-            "response/truncated_frac": self.n_truncated / self.n_samples if self.n_samples else 0.0,
-            "response/length_mean": self.response_tokens / self.n_samples if self.n_samples else 0.0,
+            "response_length/clip_ratio": self.n_truncated / self.n_samples if self.n_samples else 0.0,
+            "response_length/mean": self.response_tokens / self.n_samples if self.n_samples else 0.0,
             "perf/gen_tokens_per_s": self.response_tokens / self.gen_s if self.gen_s else 0.0,
             "perf/engine_steps": self.engine_steps,
             "perf/engine_step_ms": 1e3 * self.engine_busy_s / self.engine_steps if self.engine_steps else 0.0,

@@ -13,7 +13,7 @@ batches were made under. Those samples are dropped or regenerated (``pipeline.st
 Naming follows the systems users come from: k is AReaL's ``max_head_offpolicyness`` (an integer
 bound on versions; verl's fully-async ``staleness_threshold`` is a share of extra samples instead,
 so it is not reused here); ``partial_rollout`` is verl's key for letting a push reach the samplers
-while a batch is in flight; ``mismatch/kl`` and ``mismatch/k3_kl`` are verl's estimators of
+while a batch is in flight; ``rollout_corr/kl`` and ``rollout_corr/k3_kl`` are verl's estimators of
 KL(pi_sampler || pi_trainer) over the same tokens and are logged under verl's names
 ``rollout_corr/kl`` and ``rollout_corr/k3_kl`` (pipeline/metric_names.py).
 """
@@ -127,7 +127,7 @@ class MismatchStats:
         n = sums["tokens"]
         if n <= 0:
             return {}
-        return {"mismatch/kl": sums["diff"] / n, "mismatch/k3_kl": sums["k3"] / n,
+        return {"rollout_corr/kl": sums["diff"] / n, "rollout_corr/k3_kl": sums["k3"] / n,
                 "mismatch/abs_logprob_diff_mean": sums["abs_diff"] / n,
                 "mismatch/abs_logprob_diff_max": float(abs_max)}
 

@@ -124,10 +124,10 @@ class Timeline:
 
 
 # lane -> the logged metric (docs/metrics.md) that times it, and the pre-rename name
-LANE_METRICS = {"sampler": ("timing_s/gen", "timing/gen"), "reward": ("timing_s/reward", "timing/reward_tail"),
-                "trainer": ("timing_s/train", "timing/train"),
-                "sync": ("timing_s/update_weights", "timing/weight_sync"),
-                "step": ("timing_s/step", "timing/step")}
+LANE_METRICS = {"sampler": ("timing_s/gen", "timing_s/gen"), "reward": ("timing_s/reward", "timing_s/reward"),
+                "trainer": ("timing_s/train", "timing_s/train"),
+                "sync": ("timing_s/update_weights", "timing_s/update_weights"),
+                "step": ("timing_s/step", "timing_s/step")}
 
 
 def step_timings(line: dict[str, float]) -> dict[str, float]:

@@ -59,9 +59,9 @@ def _history(k, steps=6, gen=1.0, train=1.0):
     for s in range(steps):
         g = 0.0 if k and s >= steps - k else gen
         step = (g + train) if k == 0 else max(g, train)
-        out.append({"step": s, "timing/step": step + 0.1 * (s % 2), "timing/gen": g * 0.8,
-                    "timing/reward_tail": g * 0.2, "timing/gen_total": g, "timing/train": train,
-                    "timing/weight_sync": 0.0, "timing/eval_p95": 0.4 if g else 0.0,
+        out.append({"step": s, "timing_s/step": step + 0.1 * (s % 2), "timing_s/gen": g * 0.8,
+                    "timing_s/reward": g * 0.2, "timing_s/gen_total": g, "timing_s/train": train,
+                    "timing_s/update_weights": 0.0, "timing_s/eval_p95": 0.4 if g else 0.0,
                     "pipeline/policy_lag": float(min(s, k))})
     return out
 
@@ -204,7 +204,7 @@ def test_pipeline_bench_keeps_what_a_cut_run_logged(tmp_path, monkeypatch):
     got = json.loads(out.read_text())
     assert [r["k"] for r in got["rows"]] == [0]  # k = 1 was not started after the cut
     assert "RuntimeError" in got["cut"]["0"] and [h["step"] for h in got["history"]["0"]] == [0, 1, 2]
-    assert got["rows"][0]["step_s"] == pytest.approx(_history(0)[1]["timing/step"])
+    assert got["rows"][0]["step_s"] == pytest.approx(_history(0)[1]["timing_s/step"])
 
 
 def test_gc_pauses_are_counted_and_taken_once():

@@ -248,11 +248,11 @@ def test_lag_histogram_and_mismatch_numbers():
     sampler = torch.tensor([[-1.5, -1.0, 0.0]])
     acc.add(trainer, sampler, torch.tensor([[1.0, 1.0, 0.0]]))
     out = MismatchStats.metrics(acc.as_vector(), acc.abs_max)
-    assert out["mismatch/kl"] == pytest.approx((-0.5 + 1.0) / 2)
+    assert out["rollout_corr/kl"] == pytest.approx((-0.5 + 1.0) / 2)
     assert out["mismatch/abs_logprob_diff_mean"] == pytest.approx(0.75)
     assert out["mismatch/abs_logprob_diff_max"] == pytest.approx(1.0)
     r = torch.exp(torch.tensor([0.5, -1.0]))
-    assert out["mismatch/k3_kl"] == pytest.approx(float((r - torch.log(r) - 1).mean()))
+    assert out["rollout_corr/k3_kl"] == pytest.approx(float((r - torch.log(r) - 1).mean()))
 
 
 @pytest.mark.parametrize("overrides, named", [

@@ -42,7 +42,7 @@ async def test_multi_turn_episodes_fill_every_sample_field(engine, tiny):
         assert first.outcome.feedback in text and text.startswith(tok.decode(first.prompt_ids)[:40])
         assert second.t_gen_start >= first.t_eval_end  # the next turn waits for its own feedback
     m = batch.stats.metrics()
-    assert m["rollout/samples"] == 12 and m["timing/gen"] > 0 and m["response/length_mean"] > 0
+    assert m["rollout/samples"] == 12 and m["timing_s/gen"] > 0 and m["response_length/mean"] > 0
 
 
 async def test_a_batch_templates_each_distinct_prompt_once(engine, tiny):

@@ -55,9 +55,9 @@ def test_score_metrics_from_outcomes():
         _sample(3, 2.3, parse_ok=True, compiled=True, correct=True, speedup=2.0),
     ]
     m = score_metrics(samples)
-    assert m["score/parse_ok"] == 0.75 and m["score/compiled"] == 0.5 and m["score/correct"] == 0.5
-    assert m["score/speedup_mean"] == pytest.approx(1.4)
-    assert m["score/fast_1"] == 0.25
+    assert m["kernel/parse_ok"] == 0.75 and m["kernel/compiled"] == 0.5 and m["kernel/correct"] == 0.5
+    assert m["kernel/speedup_mean"] == pytest.approx(1.4)
+    assert m["kernel/fast_1"] == 0.25
     assert m["hack/torch_op"] == 0.25 and m["error/compile_error"] == 0.25
 
 
