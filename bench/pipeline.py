@@ -87,17 +87,11 @@ def run_k(k: int, overrides: list[str], run_dir: Path,
 
 
 def logged_history(path: Path) -> list[dict[str, float]]:
-    """A run's metrics.jsonl under the loop's internal names (what ``run_k`` returns): what is left
-    of a run cut short (a device call's limit, a lost part) before it returned its history."""
-    from pipeline.metric_names import RENAMES
-
-    internal: dict[str, str] = {}
-    for name, logged in RENAMES.items():
-        internal.setdefault(logged, name)
+    """A run's metrics.jsonl (the same names and values as the history ``run_k`` returns): what is
+    left of a run cut short (a device call's limit, a lost part) before it returned its history."""
     if not path.exists():
         return []
-    return [{internal.get(k, k): v for k, v in json.loads(line).items()}
-            for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def steady_steps(history: list[dict[str, float]], k: int) -> list[dict[str, float]]:

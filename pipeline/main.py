@@ -167,7 +167,7 @@ class Session:
 
 def perf_context(cfg: Any, trainer_info: dict[str, Any] | None, colocated: bool) -> dict[str, Any]:
     """What verl's perf/* metrics need: GPUs of the job, trainer GPUs, parameters, peak FLOP/s."""
-    from pipeline.metric_names import peak_flops
+    from pipeline.metrics import peak_flops
 
     r = cfg.resources
     info = trainer_info or {}

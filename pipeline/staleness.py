@@ -13,9 +13,8 @@ batches were made under. Those samples are dropped or regenerated (``pipeline.st
 Naming follows the systems users come from: k is AReaL's ``max_head_offpolicyness`` (an integer
 bound on versions; verl's fully-async ``staleness_threshold`` is a share of extra samples instead,
 so it is not reused here); ``partial_rollout`` is verl's key for letting a push reach the samplers
-while a batch is in flight; ``rollout_corr/kl`` and ``rollout_corr/k3_kl`` are verl's estimators of
-KL(pi_sampler || pi_trainer) over the same tokens and are logged under verl's names
-``rollout_corr/kl`` and ``rollout_corr/k3_kl`` (pipeline/metric_names.py).
+while a batch is in flight; ``rollout_corr/kl`` and ``rollout_corr/k3_kl`` are verl's names (and
+estimators) of KL(pi_sampler || pi_trainer) over the same tokens.
 """
 from __future__ import annotations
 

@@ -6,8 +6,7 @@ per-sample evaluation intervals, last token of a sample -> its score), ``trainer
 ``sync`` (weight push).
 
 ``python -m pipeline.timeline RUN_DIR`` redraws ``timeline.png`` from ``timeline.jsonl`` and
-prints each step's times from ``metrics.jsonl`` under their logged names (``timing_s/*``, verl's;
-a run logged before the rename, under ``timing/*``, reads the same).
+prints each step's times from ``metrics.jsonl`` (``timing_s/*``, verl's names).
 """
 from __future__ import annotations
 
@@ -123,20 +122,15 @@ class Timeline:
         return path
 
 
-# lane -> the logged metric (docs/metrics.md) that times it, and the pre-rename name
-LANE_METRICS = {"sampler": ("timing_s/gen", "timing_s/gen"), "reward": ("timing_s/reward", "timing_s/reward"),
-                "trainer": ("timing_s/train", "timing_s/train"),
-                "sync": ("timing_s/update_weights", "timing_s/update_weights"),
-                "step": ("timing_s/step", "timing_s/step")}
+# lane -> the logged metric (docs/metrics.md) that times it
+LANE_METRICS = {"sampler": "timing_s/gen", "reward": "timing_s/reward", "trainer": "timing_s/train",
+                "sync": "timing_s/update_weights", "step": "timing_s/step"}
 
 
 def step_timings(line: dict[str, float]) -> dict[str, float]:
     """Seconds per lane (and the whole step) of one metrics.jsonl line."""
     out = {}
-    for lane, (name, old) in LANE_METRICS.items():
-        if name in line or old in line:
-            out[lane] = float(line.get(name, line.get(old, 0.0)))
-    return out
+    return {lane: float(line[name]) for lane, name in LANE_METRICS.items() if name in line}
 
 
 def main(argv: list[str] | None = None) -> int:
