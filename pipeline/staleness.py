@@ -25,15 +25,16 @@ import torch
 
 from pipeline.sample import Sample
 
-MODE_STALENESS = {"sync": 0, "one_off": 1}   # the schedules' old names, kept as aliases
+MODE_STALENESS = {"sync": 0, "one_off": 1}   # pipeline.mode: DeepCoder's names of the two schedules
 POLICIES = ("drop", "wait")
 DEFAULT_STALENESS = 1
 
 
 def resolve_staleness(mode: str | None, max_staleness: int | None) -> int:
-    """k from ``pipeline.max_staleness`` and the legacy ``pipeline.mode`` alias. ``mode`` set and
-    ``max_staleness`` at its default: the alias decides; set to something else: an error, since
-    the two would disagree about the schedule."""
+    """k from ``pipeline.mode`` (``sync`` | ``one_off``, the schedule by name) and
+    ``pipeline.max_staleness`` (the general k). ``mode`` set and ``max_staleness`` at its default:
+    the mode decides; set to something else: an error, since the two would disagree about the
+    schedule."""
     k = DEFAULT_STALENESS if max_staleness is None else int(max_staleness)
     if k < 0:
         raise ValueError(f"pipeline.max_staleness={k}: expected >= 0 (0 = sync, 1 = one_off)")
@@ -41,12 +42,12 @@ def resolve_staleness(mode: str | None, max_staleness: int | None) -> int:
         return k
     if mode not in MODE_STALENESS:
         raise ValueError(f"pipeline.mode={mode!r}: expected one of {tuple(MODE_STALENESS)} "
-                         "(legacy aliases of pipeline.max_staleness=0 and =1)")
-    alias = MODE_STALENESS[mode]
-    if max_staleness is not None and k not in (alias, DEFAULT_STALENESS):
-        raise ValueError(f"pipeline.mode={mode} means pipeline.max_staleness={alias}, but "
-                         f"pipeline.max_staleness={k} is set too: keep only max_staleness")
-    return alias
+                         "(pipeline.max_staleness=0 and =1; null: max_staleness decides)")
+    named = MODE_STALENESS[mode]
+    if max_staleness is not None and k not in (named, DEFAULT_STALENESS):
+        raise ValueError(f"pipeline.mode={mode} means pipeline.max_staleness={named}, but "
+                         f"pipeline.max_staleness={k} is set too: keep one of them")
+    return named
 
 
 def schedule_name(k: int) -> str:

@@ -229,7 +229,7 @@ def test_samples_over_the_bound_are_dropped_or_regenerated(tmp_path, policy):
 def test_staleness_aliases_and_errors():
     assert resolve_staleness("sync", 1) == 0 and resolve_staleness("one_off", 1) == 1
     assert resolve_staleness(None, 3) == 3 and resolve_staleness("sync", 0) == 0
-    with pytest.raises(ValueError, match="keep only max_staleness"):
+    with pytest.raises(ValueError, match="keep one of them"):
         resolve_staleness("sync", 3)
     with pytest.raises(ValueError, match="pipeline.max_staleness=-1"):
         resolve_staleness(None, -1)
@@ -257,7 +257,7 @@ def test_lag_histogram_and_mismatch_numbers():
 
 @pytest.mark.parametrize("overrides, named", [
     (["pipeline.max_staleness=-1"], "pipeline.max_staleness=-1"),
-    (["pipeline.mode=sync", "pipeline.max_staleness=3"], "keep only max_staleness"),
+    (["pipeline.mode=sync", "pipeline.max_staleness=3"], "keep one of them"),
     (["pipeline.staleness_policy=skip"], "pipeline.staleness_policy='skip'"),
 ])
 def test_config_check_names_the_staleness_keys(overrides, named):
