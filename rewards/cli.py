@@ -88,12 +88,12 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from sandbox.config import load_default_config
-    from sandbox.pool import EvalPool
+    from sandbox.pool import SandboxPool
 
     cfg = _cfg(args)
 
     async def run() -> Any:
-        env = KernelEnv(cfg, EvalPool(load_default_config(backend=cfg.backend)))
+        env = KernelEnv(cfg, SandboxPool(load_default_config(backend=cfg.backend)))
         try:
             return await env.evaluate(_ref(env, args.task), _read(args.response))
         finally:

@@ -15,9 +15,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from rewards.config import RewardConfig, ToyEnvConfig  # env schemas the root config composes
 from rewards.scrub import scrub  # the secret scrubber, for text the pipeline writes itself
-from sandbox.config import EvalConfig  # the kernel env's sandbox schema, composed likewise
+from sandbox.config import SandboxConfig  # the kernel env's sandbox schema, composed likewise
 
-__all__ = ["ENVS", "EvalConfig", "RewardConfig", "RewardEnv", "TaskRef", "ToyEnvConfig", "Turn",
+__all__ = ["ENVS", "SandboxConfig", "RewardConfig", "RewardEnv", "TaskRef", "ToyEnvConfig", "Turn",
            "TurnOutcome", "check_env_config", "env_spec", "kernel_env", "scrub"]
 
 ENVS = ("kernel", "toy")  # the root config's ``env`` key: which RewardEnv the samplers build
@@ -45,7 +45,7 @@ class TurnOutcome:
     speedup: float | None = None
     hacks: list[str] = field(default_factory=list)   # names of rules the answer broke
     error_kind: str | None = None      # parse/rule/evaluator error class, None when correct
-    verdict: dict[str, Any] = field(default_factory=dict)  # full evaluator record (EvalResult.to_dict())
+    verdict: dict[str, Any] = field(default_factory=dict)  # full evaluator record (SandboxResult.to_dict())
     # what the environment wants logged for this turn, by metric name; the pipeline reduces each
     # name over the batch's turns that carry it (pipeline.metrics.env_metrics): a name ending in
     # ``_per_min`` logs the sum per minute of the batch's wall time, ``_p50`` the median, any

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 from sandbox.config import BACKENDS, load_default_config
-from sandbox.pool import EvalPool
-from sandbox.result import EvalResult
+from sandbox.pool import SandboxPool
+from sandbox.result import SandboxResult
 
 
 def _read(path: str, what: str) -> str:
@@ -27,7 +27,7 @@ def _read(path: str, what: str) -> str:
     return p.read_text()
 
 
-def format_verdict(r: EvalResult) -> str:
+def format_verdict(r: SandboxResult) -> str:
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v:.4f} ms"
 
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--task", required=True, help="KernelBench-format task file (class Model, get_inputs, ...)")
     ap.add_argument("--answer", required=True, help="answer file defining class ModelNew")
     ap.add_argument("--backend", choices=BACKENDS, default=None, help="default: sandbox.backend from the config")
-    ap.add_argument("--json", action="store_true", help="print the EvalResult as JSON")
+    ap.add_argument("--json", action="store_true", help="print the SandboxResult as JSON")
     ap.add_argument("--trials", type=int, default=None, help="correctness trials")
     ap.add_argument("--runs", type=int, default=None, help="timed runs (median reported)")
     ap.add_argument("--cache-dir", default=None, help="compile cache (default: a temporary one)")
@@ -95,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides["cache_dir"] = a.cache_dir
     cfg = load_default_config(a.config, **overrides)
 
-    async def run() -> EvalResult:
-        async with EvalPool(cfg) as pool:
+    async def run() -> SandboxResult:
+        async with SandboxPool(cfg) as pool:
             return await pool.evaluate(task, answer, a.backend)
 
     for line in scope_notes(task):

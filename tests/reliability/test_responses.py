@@ -7,7 +7,7 @@ import pytest
 
 from rewards.config import load_reward_config
 from rewards.env import KernelEnv
-from sandbox.pool import EvalPool
+from sandbox.pool import SandboxPool
 
 FWD = "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return "
 
@@ -40,7 +40,7 @@ RESPONSES = {
 
 @pytest.fixture
 async def env(sandbox_cfg):
-    e = KernelEnv(load_reward_config("kernel", backend="cpu", holdout_frac=0.0), EvalPool(sandbox_cfg))
+    e = KernelEnv(load_reward_config("kernel", backend="cpu", holdout_frac=0.0), SandboxPool(sandbox_cfg))
     yield e
     await e.aclose()
 

@@ -12,7 +12,7 @@ from rewards.env import KernelEnv
 from rewards.interface import RewardEnv, TaskRef, Turn
 from rewards.solutions import load_solution
 from sandbox.config import load_default_config
-from sandbox.pool import EvalPool
+from sandbox.pool import SandboxPool
 from tests.rewards.answers import ADVERSARIAL
 
 FUSED = "L2/9_scale_shift_tanh_residual"
@@ -26,7 +26,7 @@ def reply(code: str, summary: str = "I wrote one fused kernel.") -> str:
 
 def make_env(backend: str, cache_dir: str) -> KernelEnv:
     cfg = load_reward_config("kernel", backend=backend, holdout_frac=0.0)
-    return KernelEnv(cfg, EvalPool(load_default_config(cache_dir=cache_dir)))
+    return KernelEnv(cfg, SandboxPool(load_default_config(cache_dir=cache_dir)))
 
 
 def ref(env: KernelEnv, task_id: str) -> TaskRef:

@@ -11,7 +11,7 @@ from rewards.env import KernelEnv
 from rewards.interface import Turn
 from rewards.scrub import REDACTED, Scrubber
 from rewards.solutions import load_solution
-from sandbox.result import EvalResult, mark_refused_build
+from sandbox.result import SandboxResult, mark_refused_build
 
 ENV_SECRET = "rAyT0kEn-9f8e7d6c5b4a39281706"
 NETRC_SECRET = "Wb4ndbK3yX9q2LmPzR7s"
@@ -121,7 +121,7 @@ async def test_secrets_in_a_verdict_reach_no_feedback_sample_or_log(secrets_env,
     from pipeline.sample import Sample
 
     leak = f"RuntimeError: ray auth {ENV_SECRET}; netrc {NETRC_SECRET}; {GCS}"
-    result = EvalResult(stage="load", error_kind="runtime_error", error=leak,
+    result = SandboxResult(stage="load", error_kind="runtime_error", error=leak,
                         log_tail=f"Traceback ...\n  token={ENV_SECRET}\n{leak}", backend="cpu")
     env, task = _env(result)
     outcome = await env.evaluate(task, _reply(load_solution("cpu", task.task_id)))
@@ -161,7 +161,7 @@ async def test_the_evaluator_crashing_with_a_secret_does_not_leak_it(secrets_env
 @pytest.mark.parametrize("flag", ["stale_output", "input_modified", "output_aliases_input", "output_aliases_output",
                                   "forged_message", "degenerate_check"])
 async def test_a_run_time_violation_scores_zero_names_the_reason_and_is_a_rule_miss(flag):
-    result = EvalResult(stage="timing", compiled=True, correct=True, error_kind="rule_violation", flags=[flag],
+    result = SandboxResult(stage="timing", compiled=True, correct=True, error_kind="rule_violation", flags=[flag],
                         error="a timed call's output differs from fresh work", speedup=50.0, timed=True, backend="cpu")
     env, task = _env(result)
     outcome = await env.evaluate(task, _reply(load_solution("cpu", task.task_id)))
@@ -172,10 +172,10 @@ async def test_a_run_time_violation_scores_zero_names_the_reason_and_is_a_rule_m
 
 
 async def test_a_build_the_hook_refused_is_a_disallowed_build_argument():
-    result = EvalResult(stage="compile", error_kind="compile_error", backend="cpu",
+    result = SandboxResult(stage="compile", error_kind="compile_error", backend="cpu",
                         error="RuntimeError: disallowed build argument: extra_cflags: '-wrapper' is not an allowed "
                               "g++ flag (it hands arguments to, or picks, another program)")
-    env, task = _env(mark_refused_build(result))  # as sandbox.pool.EvalPool returns it: flagged
+    env, task = _env(mark_refused_build(result))  # as sandbox.pool.SandboxPool returns it: flagged
     # the answer passes the static rules (its flags are not literals), the sandbox refuses the build
     code = load_solution("cpu", task.task_id).replace('extra_cflags=["-O3"', 'extra_cflags=list(["-O3"])+["-O3"')
     outcome = await env.evaluate(task, _reply(code))
@@ -185,7 +185,7 @@ async def test_a_build_the_hook_refused_is_a_disallowed_build_argument():
 
 
 async def test_static_rules_still_come_first():
-    env, task = _env(EvalResult(stage="done", compiled=True, correct=True, speedup=2.0, timed=True))
+    env, task = _env(SandboxResult(stage="done", compiled=True, correct=True, speedup=2.0, timed=True))
     code = load_solution("cpu", task.task_id).replace('extra_cflags=["-O3"', 'extra_cflags=["-wrapper", "x", "-O3"')
     outcome = await env.evaluate(task, _reply(code))
     assert outcome.error_kind == "rule_violation" and outcome.hacks == ["build_arguments"]
