@@ -157,7 +157,7 @@ class Loop(TrainerRestarts):
         with self.activity.doing("push", f"pushing weights v{version}"):
             await self.parts.weight_sync.push(version)
         t1 = time.time()
-        self.parts.timeline.add("sync", "sync", step, t0, t1)
+        self.parts.timeline.add("push", "push", step, t0, t1)
         return t1 - t0
 
     # ---- the schedule ----------------------------------------------------------------
@@ -308,19 +308,19 @@ class Loop(TrainerRestarts):
         metrics, t_train = await self.train(cur, self.version)
         metrics.update(bound)
         self.version += 1
-        t_sync = await self._push_new(step)
+        t_push = await self._push_new(step)
         t_total = time.time() - t_step
         # the batch generated during this step (sync: this one; one_off: the next)
         fresh = [g for g in self._done if g.t_end >= t_step]
         self._done = self._done[-(self.k + 2):]  # only timings are read; samples go with training
-        metrics.update(self._step_metrics(cur, fresh[-1] if fresh else None, t_train, t_sync, t_total))
+        metrics.update(self._step_metrics(cur, fresh[-1] if fresh else None, t_train, t_push, t_total))
         if prologue:
             metrics["timing_s/prologue_gen"] = prologue
         metrics["pipeline/weights_version"] = float(self.version)
         metrics["pipeline/trainer_restarts"] = float(self.trainer_restarts)
         # the push's own split (pipeline.weight_sync push objects; a test's fake has none)
         split = getattr(self.parts.weight_sync, "last_stats", None) or {}
-        metrics.update({f"pipeline/weight_sync_{k}": float(split[k])
+        metrics.update({f"pipeline/push_{k}": float(split[k])
                         for k in ("transport_s", "load_s", "check_s") if k in split})
         self._log(step, metrics, cur.samples)
         saved = self._maybe_checkpoint(step, force=self.stop_requested)
@@ -331,7 +331,7 @@ class Loop(TrainerRestarts):
 
     # ---- bookkeeping -----------------------------------------------------------------
     def _step_metrics(self, trained: GeneratedBatch, gen: GeneratedBatch | None, t_train: float,
-                      t_sync: float, t_total: float) -> dict[str, float]:
+                      t_push: float, t_total: float) -> dict[str, float]:
         m: dict[str, float] = dict(trained.rollout)
         m.update(self.parts.rollout_metrics(trained.samples))
         m.update(score_metrics(trained.samples))
@@ -342,9 +342,9 @@ class Loop(TrainerRestarts):
         m.update(eval_latency_metrics(gen.samples) if gen is not None else {})  # the same batch's
         m["timing_s/gen_total"] = t_gen
         m["timing_s/train"] = t_train
-        m["timing_s/update_weights"] = t_sync
+        m["timing_s/update_weights"] = t_push
         m["timing_s/step"] = t_total
-        ideal = max(t_gen, t_train) + t_sync
+        ideal = max(t_gen, t_train) + t_push
         m["pipeline/efficiency"] = ideal / t_total if t_total > 0 else 0.0
         m["pipeline/trainer_idle"] = max(0.0, 1.0 - t_train / t_total) if t_total > 0 else 0.0
         m["pipeline/sampler_idle"] = max(0.0, 1.0 - t_gen / t_total) if t_total > 0 else 0.0

@@ -2,7 +2,7 @@
 
 Composes the typed config (pipeline/config.py + conf/), starts or joins Ray, splits it into
 resource pools (pipeline/resources.py), builds the sampler group (engine + reward env per worker),
-the FSDP2 trainer, the weight sync and the logger, then runs the step loop. ``-m`` sweeps run one
+the FSDP2 trainer, the weight push and the logger, then runs the step loop. ``-m`` sweeps run one
 job after the other, each with its own run dir, W&B run and Ray session.
 """
 from __future__ import annotations

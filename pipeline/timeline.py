@@ -3,7 +3,7 @@ bar chart (matplotlib, headless) and queried for overlap (the one-off schedule's
 
 Lanes: ``sampler`` (gen: first prompt in to last token out of a batch), ``reward`` (union of the
 per-sample evaluation intervals, last token of a sample -> its score), ``trainer`` (train) and
-``sync`` (weight push).
+``push`` (weight push).
 
 ``python -m pipeline.timeline RUN_DIR`` redraws ``timeline.png`` from ``timeline.jsonl`` and
 prints each step's times from ``metrics.jsonl`` (``timing_s/*``, verl's names).
@@ -16,14 +16,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
 
-LANES = ("sampler", "reward", "trainer", "sync")
-COLORS = {"gen": "#4C72B0", "reward": "#DD8452", "train": "#55A868", "sync": "#C44E52"}
+LANES = ("sampler", "reward", "trainer", "push")
+COLORS = {"gen": "#4C72B0", "reward": "#DD8452", "train": "#55A868", "push": "#C44E52"}
 
 
 @dataclass
 class Span:
     lane: str
-    kind: str      # gen | reward | train | sync
+    kind: str      # gen | reward | train | push
     step: int      # the batch the work belongs to
     start: float   # time.time()
     end: float
@@ -124,7 +124,7 @@ class Timeline:
 
 # lane -> the logged metric (docs/metrics.md) that times it
 LANE_METRICS = {"sampler": "timing_s/gen", "reward": "timing_s/reward", "trainer": "timing_s/train",
-                "sync": "timing_s/update_weights", "step": "timing_s/step"}
+                "push": "timing_s/update_weights", "step": "timing_s/step"}
 
 
 def step_timings(line: dict[str, float]) -> dict[str, float]:

@@ -94,11 +94,11 @@ def test_pipeline_bench_busy_shares_of_the_steady_window():
         t = 2.5 * s
         tl.add("sampler", "gen", s, t, t + 1.0)
         tl.add("trainer", "train", s, t + 1.0, t + 2.0)
-        tl.add("sync", "sync", s, t + 2.0, t + 2.5)
+        tl.add("push", "push", s, t + 2.0, t + 2.5)
     hist = [{"step": s} for s in range(4)]
     busy = busy_shares(tl, hist, hist[1:3])  # window: end of push 0 (2.5) -> end of push 2 (7.5)
     assert busy == {"busy_sampler": pytest.approx(0.4), "busy_reward": 0.0,
-                    "busy_trainer": pytest.approx(0.4), "busy_sync": pytest.approx(0.2)}
+                    "busy_trainer": pytest.approx(0.4), "busy_push": pytest.approx(0.2)}
 
 
 def test_stored_answers_parse_pass_the_rules_and_keep_their_share():
