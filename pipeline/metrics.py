@@ -100,7 +100,7 @@ def env_metrics(samples: list[Sample], wall_s: float) -> dict[str, float]:
 
 
 def eval_latency_metrics(samples: list[Sample]) -> dict[str, float]:
-    """Seconds of one evaluation (a sample's last token -> its score, ``env.evaluate`` with any wait
+    """Seconds of one evaluation (a sample's last token -> its score, ``env.score`` with any wait
     for a sandbox slot): p50, p95 (nearest rank) and max over the batch. ``timing_s/reward`` is
     compared with the p95: a tail above it means the step waited for more than one slow score.
     Where the environment says its evaluator ran some answers (``TurnOutcome.evaluated``), only

@@ -1,7 +1,7 @@
 """The multi-turn episode driver: every trajectory is its own coroutine; every turn is a Sample.
 
 For each task, ``n_trajectories`` x ``turns``: messages = ``env.messages(task, history)`` ->
-chat template -> ``engine.generate`` -> ``await env.evaluate(task, text)`` -> history gets
+chat template -> ``engine.generate`` -> ``await env.score(task, text)`` -> history gets
 ``Turn(summary, answer, feedback)`` (the reasoning is dropped) -> next turn. While one
 trajectory waits for its evaluation, all others keep generating; each scored turn is handed to
 ``on_sample`` at once (streaming rewards).
@@ -221,7 +221,7 @@ class _Episodes:
         outcome: TurnOutcome | None = None
         if error is None:
             try:
-                outcome = await asyncio.wait_for(self.env.evaluate(task, text), self.cfg.eval_timeout_s)
+                outcome = await asyncio.wait_for(self.env.score(task, text), self.cfg.eval_timeout_s)
             except asyncio.TimeoutError:
                 error = f"evaluation timed out after {self.cfg.eval_timeout_s}s"
             except Exception as e:  # the environment scrubs what it returns; an exception is not that

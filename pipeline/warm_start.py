@@ -120,7 +120,7 @@ def prebuild(reward_cfg: Any, sandbox_cfg: Any) -> dict[str, int]:
     async def all_of() -> list[Any]:
         try:
             out = await asyncio.gather(*[
-                env.evaluate(TaskRef(a.task_id, env.task(a.task_id)), answer_text(a.code, "Summary."))
+                env.score(TaskRef(a.task_id, env.task(a.task_id)), answer_text(a.code, "Summary."))
                 for a in answers])
             if env.backend == "cuda":
                 # these builds asked for the precompiled headers of their flags; closing the pool now

@@ -1,8 +1,8 @@
 """KernelEnv: the kernel-writing environment behind :class:`rewards.interface.RewardEnv`.
 
-evaluate = parse -> anti-hack rules -> sandbox (``await pool.evaluate(ref_src, code, backend)``)
+score = parse -> anti-hack rules -> sandbox (``await pool.evaluate(ref_src, code, backend)``)
 -> score -> feedback. Bad model output never raises: every failure is a scored (0) outcome with
-its reason. Every outcome leaves through :meth:`KernelEnv.evaluate`, where its text (feedback,
+its reason. Every outcome leaves through :meth:`KernelEnv.score`, where its text (feedback,
 verdict, summary, answer) is scrubbed of secrets (:mod:`rewards.scrub`); the sandbox's own text
 (error, log tail) is scrubbed and cut before feedback is built from it. A violation the sandbox
 caught at run time on an answer that passed every static rule (``error_kind`` rule_violation, or
@@ -92,13 +92,13 @@ class KernelEnv:
         return build_messages(self.task(task).source, self.backend, self.enabled_rules, history,
                               bool(self.cfg.worked_example))
 
-    async def evaluate(self, task: TaskRef, response: str) -> TurnOutcome:
+    async def score(self, task: TaskRef, response: str) -> TurnOutcome:
         try:
-            outcome = await self._evaluate(self.task(task), response)
+            outcome = await self._score(self.task(task), response)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a bug here must not lose the sample: score 0 with the reason
-            log.error("KernelEnv.evaluate failed for %s: %s", task.task_id,
+            log.error("KernelEnv.score failed for %s: %s", task.task_id,
                       self.scrubber.scrub(traceback.format_exc()))
             outcome = TurnOutcome(score=0.0, feedback="The evaluator failed on this attempt; answer again.",
                                   error_kind="sandbox_error", verdict={"error": f"{type(e).__name__}: {e}"},
@@ -138,7 +138,7 @@ class KernelEnv:
             return parsed, []
         return parsed, self.check(parsed.code)
 
-    async def _evaluate(self, task: Task, response: str) -> TurnOutcome:
+    async def _score(self, task: Task, response: str) -> TurnOutcome:
         cfg = self.cfg
         # parsing and the AST rules are CPU work: off the event loop, so generation keeps streaming
         parsed, violations = await asyncio.to_thread(self._static_checks, response)

@@ -1,7 +1,7 @@
 """The reward interface: all that ``pipeline/`` knows about kernels when it trains and evaluates.
 
 An environment turns (task, conversation so far) into chat messages, and a model response into a
-scored :class:`TurnOutcome` whose feedback feeds the next turn. ``evaluate`` is async so the
+scored :class:`TurnOutcome` whose feedback feeds the next turn. ``score`` is async so the
 rollout side can await many at once while generation continues. The pipeline also takes from here
 the environments' config schemas (its root config composes them), the checks of those configs and
 the one factory that builds an environment inside a sampler actor, so it imports nothing else of
@@ -73,7 +73,7 @@ class RewardEnv(Protocol):
     def messages(self, task: TaskRef, history: list[Turn]) -> list[dict[str, str]]:
         """Chat messages for the next turn given the finished turns of this trajectory."""
 
-    async def evaluate(self, task: TaskRef, response: str) -> TurnOutcome:
+    async def score(self, task: TaskRef, response: str) -> TurnOutcome:
         """Parse, check rules, run the sandbox, score. Never raises for bad model output."""
 
     async def aclose(self) -> None:

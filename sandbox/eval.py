@@ -5,7 +5,7 @@ included; it is 2 only when the command itself is wrong (a missing file, a bad o
 
 It runs the sandbox alone: no anti-hack rules and the task file's sizes as written (a task's
 ``CPU_SIZES`` are applied by the reward env's cpu profile, not here). Both are said on stderr;
-``python -m rewards.cli evaluate`` scores an answer as training does.
+``python -m rewards.cli score`` scores an answer as training does.
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def scope_notes(task: str) -> list[str]:
              "applied (python -m rewards.cli check/evaluate applies them)"]
     if "CPU_SIZES" in task:
         notes.append("note: the task's CPU_SIZES are ignored: it runs at the sizes its constants "
-                     "give (python -m rewards.cli evaluate --profile cpu uses CPU_SIZES)")
+                     "give (python -m rewards.cli score --profile cpu uses CPU_SIZES)")
     return notes
 
 

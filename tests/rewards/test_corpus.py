@@ -65,7 +65,7 @@ def evaluate_all(backend: str, answers: list[CorpusAnswer], reward: str = "kerne
                         SandboxPool(load_default_config(**sandbox)))
         refs = {t.task_id: t for t in env.tasks("train")}
         async def one(a: CorpusAnswer):  # a line as each verdict comes (seen with -s; a cut run keeps them)
-            o = await env.evaluate(refs[a.task_id], reply(a))
+            o = await env.score(refs[a.task_id], reply(a))
             print(f"[corpus] {backend} {a.task_id} {a.variant}: expected {a.expected}, got {verdict(o)}, "
                   f"speedup {o.speedup}", flush=True)
             return o
