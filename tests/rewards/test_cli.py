@@ -35,7 +35,7 @@ def test_bad_config_key_is_a_message_not_a_traceback(capsys):
 
 
 @pytest.mark.triton_interpreter
-def test_evaluate_in_the_sandbox(tmp_path, capsys):
+def test_score_in_the_sandbox(tmp_path, capsys):
     resp = response_file(tmp_path, load_solution("triton", "L1/17_relu"))
     assert main(["--config", "kernel_triton_cpu", "--set", "holdout_frac=0.0", "score", "L1/17_relu", resp,
                  "--json"]) == 0
