@@ -129,7 +129,6 @@ LANE_METRICS = {"sampler": "timing_s/gen", "reward": "timing_s/reward", "trainer
 
 def step_timings(line: dict[str, float]) -> dict[str, float]:
     """Seconds per lane (and the whole step) of one metrics.jsonl line."""
-    out = {}
     return {lane: float(line[name]) for lane, name in LANE_METRICS.items() if name in line}
 
 
