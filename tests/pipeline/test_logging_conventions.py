@@ -164,7 +164,7 @@ def test_the_env_names_its_metrics_and_the_pipeline_reduces_them():
 
 
 def test_timeline_reads_the_logged_names(tmp_path, capsys):
-    assert step_timings({"timing_s/gen": 1.0, "timing_s/update_weights": 0.5}) == {"sampler": 1.0, "sync": 0.5}
+    assert step_timings({"timing_s/gen": 1.0, "timing_s/update_weights": 0.5}) == {"sampler": 1.0, "push": 0.5}
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "timing_s/step": 3.0}) + "\n")
     assert timeline_main([str(tmp_path)]) == 0
     assert "step 0: step=3.00s" in capsys.readouterr().out
