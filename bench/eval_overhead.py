@@ -44,12 +44,12 @@ def import_times(repeats: int) -> dict[str, dict[str, float]]:
 async def evaluations(task_id: str, n: int) -> list[dict[str, Any]]:
     from rewards.tasks.loader import load_builtin
     from sandbox.config import load_default_config
-    from sandbox.pool import EvalPool
+    from sandbox.pool import SandboxPool
 
     task = {t.id: t for t in load_builtin(profile="cpu")}[task_id]
     cfg = load_default_config(max_concurrent=1, compile_workers=1)
     rows = []
-    async with EvalPool(cfg) as pool:
+    async with SandboxPool(cfg) as pool:
         for k in range(n):
             t0 = time.perf_counter()
             res = await pool.evaluate(task.source, f"{task.source}\n# {k}\nModelNew = Model\n", "cpu")

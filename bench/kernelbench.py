@@ -1,4 +1,4 @@
-"""KernelBench through the sandbox (sandbox.pool.EvalPool), trusted mode: no static rules.
+"""KernelBench through the sandbox (sandbox.pool.SandboxPool), trusted mode: no static rules.
 
 Self-test (default): every task's reference is evaluated as its own candidate (the task source
 plus ``class ModelNew(Model): pass``), so any verdict but "correct", or a speedup far from 1, is
@@ -192,12 +192,12 @@ def failures(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 async def selftest(args: argparse.Namespace, recs: list[dict[str, Any]], deadline: float | None) -> dict[str, Any]:
-    from sandbox.pool import EvalPool
+    from sandbox.pool import SandboxPool
 
     todo = [r for r in recs if "src" in r]
     for r in todo:
         r.update(ref=r["src"], cand=r["src"] + SELF_CANDIDATE + r.get("copy", ""))
-    async with EvalPool(sandbox_config(args)) as pool:
+    async with SandboxPool(sandbox_config(args)) as pool:
         wall = await evaluate_all(pool, todo, args.backend, args, deadline, "self")
         stats = pool.stats()
     ran = [r for r in recs if r.get("verdict") not in ("not_run", "cancelled")]
@@ -232,11 +232,11 @@ async def selftest(args: argparse.Namespace, recs: list[dict[str, Any]], deadlin
 
 
 async def throughput(args: argparse.Namespace, recs: list[dict[str, Any]], deadline: float | None) -> dict[str, Any]:
-    from sandbox.pool import EvalPool
+    from sandbox.pool import SandboxPool
 
     phases: list[dict[str, Any]] = []
     rows, fails = [], failures(recs)
-    async with EvalPool(sandbox_config(args)) as pool:
+    async with SandboxPool(sandbox_config(args)) as pool:
         for phase in ["cold"] + [f"cached{k}" for k in range(1, args.cached_rounds + 1)]:
             items = [{**r, "ref": r["src"], "cand": f"# bench variant {v}\n{r['answer']}", "task": f"{r['task']}#{v}"}
                      for r in recs if "src" in r for v in range(args.variants)]

@@ -104,7 +104,7 @@ def configs(a: argparse.Namespace) -> tuple[Any, Any, Any]:
     from pipeline.conf_files import load_group
     from pipeline.rollout_config import load_rollout_config
     from rewards.config import load_reward_config
-    from sandbox.config import EvalConfig
+    from sandbox.config import SandboxConfig
 
     gpu = a.backend in ("cuda", "triton")
     profile = a.profile or ("full" if gpu else "cpu")
@@ -121,7 +121,7 @@ def configs(a: argparse.Namespace) -> tuple[Any, Any, Any]:
         # the same load (as pipeline.resources.leave_room_for_pools does for a training run)
         sb += [f"gpu_memory_share={round(max(0.05, 0.95 - a.gpu_memory_utilization - 0.05), 3)}",
                "reference_per_step=true"]
-    sandbox = load_group(EvalConfig, "sandbox", "default", sb + list(a.sandbox))
+    sandbox = load_group(SandboxConfig, "sandbox", "default", sb + list(a.sandbox))
     rollout = load_rollout_config(a.engine, [
         f"n_trajectories={a.k}", f"turns={a.turns}", f"temperature={a.temperature}", f"top_p={a.top_p}",
         f"max_response_length={a.max_new_tokens}", "response_length_schedule=[]",

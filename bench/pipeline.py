@@ -1,18 +1,18 @@
 """One config, several staleness bounds: ``pipeline.max_staleness=k`` for each k of ``--ks``
 (default 0,1,2; 0 is the sync schedule, 1 one_off), each a full ``pipeline.main`` session (Ray,
-sampler pool, FSDP2 trainer, weight sync, metrics), side by side, k as a column.
+sampler pool, FSDP2 trainer, weight push, metrics), side by side, k as a column.
 
 Per k, means over the steady steps: the first step is left out (warm-up; for k > 0 nothing to
 overlap yet) and so are the last max(1, k) (for k > 0 nothing is left to generate in them, so
 their step is training alone; k = 0 drops its last one too, alike). Columns: step time and its
 standard error over those steps, T_gen (to the batch's last token), the reward tail (last token
--> last score), T_gen+reward, T_train, T_sync, efficiency = (max(T_gen+reward, T_train) + T_sync)
+-> last score), T_gen+reward, T_train, T_push, efficiency = (max(T_gen+reward, T_train) + T_push)
 / measured step, one evaluation's p95 (a sample's last token -> its score) and the tail over it,
 policy lag, and each pool's busy share of the steady window (union of its timeline spans).
 
 Then, from k = 0's own phases: the balance (T_gen+reward / T_train: one-off pipelining pays only
-when the two are close) and the one-off bound (T_gen+reward + T_train + T_sync) / (max(T_gen+reward,
-T_train) + T_sync); for each k > 0 its speedup over k = 0, the speedup's noise (from the steps'
+when the two are close) and the one-off bound (T_gen+reward + T_train + T_push) / (max(T_gen+reward,
+T_train) + T_push); for each k > 0 its speedup over k = 0, the speedup's noise (from the steps'
 standard errors) and the share of the bound. Each run's timeline (pipeline/timeline.py) is copied
 to ``<run-root>/timeline_k<k>.png`` (+ ``.jsonl``); the JSON is rewritten after each k, so a run
 cut short keeps what it finished.
@@ -39,17 +39,17 @@ from typing import Any
 from bench.common import fmt, machine, parser, progress, report, target
 
 from pipeline.conf_files import CONF_DIR as CONF  # noqa: E402
-KEYS = {"step_s": "timing/step", "gen_s": "timing/gen", "reward_tail_s": "timing/reward_tail",
-        "gen_plus_reward_s": "timing/gen_total", "train_s": "timing/train", "sync_s": "timing/weight_sync",
-        "efficiency": "pipeline/efficiency", "eval_p95_s": "timing/eval_p95",
+KEYS = {"step_s": "timing_s/step", "gen_s": "timing_s/gen", "reward_tail_s": "timing_s/reward",
+        "gen_plus_reward_s": "timing_s/gen_total", "train_s": "timing_s/train", "push_s": "timing_s/update_weights",
+        "efficiency": "pipeline/efficiency", "eval_p95_s": "timing_s/eval_p95",
         "policy_lag": "pipeline/policy_lag", "policy_lag_max": "pipeline/policy_lag_max",
-        "dropped": "staleness/dropped_samples", "samples": "perf/samples", "correct": "score/correct",
+        "dropped": "staleness/dropped_samples", "samples": "perf/samples", "correct": "kernel/correct",
         "errors": "sample/error_frac"}
-LANES = ("sampler", "reward", "trainer", "sync")
+LANES = ("sampler", "reward", "trainer", "push")
 COLUMNS = ["k", "schedule", "steps", "steady", "step_s", "step_s_se", "gen_s", "reward_tail_s",
-           "eval_p95_s", "tail_over_eval_p95", "gen_plus_reward_s", "train_s", "sync_s", "efficiency",
+           "eval_p95_s", "tail_over_eval_p95", "gen_plus_reward_s", "train_s", "push_s", "efficiency",
            "policy_lag", "policy_lag_max", "dropped", "busy_sampler", "busy_reward", "busy_trainer",
-           "busy_sync", "samples", "correct", "errors", "reward_mean", "wall_s"]
+           "busy_push", "samples", "correct", "errors", "reward_mean", "wall_s"]
 
 
 def compose(overrides: list[str]) -> Any:
@@ -87,17 +87,11 @@ def run_k(k: int, overrides: list[str], run_dir: Path,
 
 
 def logged_history(path: Path) -> list[dict[str, float]]:
-    """A run's metrics.jsonl under the loop's internal names (what ``run_k`` returns): what is left
-    of a run cut short (a device call's limit, a lost part) before it returned its history."""
-    from pipeline.metric_names import RENAMES
-
-    internal: dict[str, str] = {}
-    for name, logged in RENAMES.items():
-        internal.setdefault(logged, name)
+    """A run's metrics.jsonl (the same names and values as the history ``run_k`` returns): what is
+    left of a run cut short (a device call's limit, a lost part) before it returned its history."""
     if not path.exists():
         return []
-    return [{internal.get(k, k): v for k, v in json.loads(line).items()}
-            for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def steady_steps(history: list[dict[str, float]], k: int) -> list[dict[str, float]]:
@@ -111,7 +105,7 @@ def busy_shares(timeline: Any, history: list[dict[str, float]], steady: list[dic
     steady step to the end of the last steady step's push (the push closes every step)."""
     if timeline is None or not steady:
         return {}
-    ends = {s.step: s.end for s in timeline.spans if s.lane == "sync"}
+    ends = {s.step: s.end for s in timeline.spans if s.lane == "push"}
     first, last = int(steady[0]["step"]), int(steady[-1]["step"])
     if first - 1 not in ends or last not in ends:
         return {}
@@ -129,12 +123,12 @@ def summarise(k: int, history: list[dict[str, float]], wall: float, timeline: An
     for name, key in KEYS.items():
         vals = [h[key] for h in steady if key in h]
         row[name] = sum(vals) / len(vals) if vals else float("nan")
-    steps = [h["timing/step"] for h in steady if "timing/step" in h]
+    steps = [h["timing_s/step"] for h in steady if "timing_s/step" in h]
     row["step_s_se"] = statistics.stdev(steps) / math.sqrt(len(steps)) if len(steps) > 1 else float("nan")
     p95 = row["eval_p95_s"]
     row["tail_over_eval_p95"] = row["reward_tail_s"] / p95 if p95 and p95 == p95 else float("nan")
     row.update(busy_shares(timeline, history, steady))
-    row["reward_mean"] = history[-1].get("reward/mean", float("nan")) if history else float("nan")
+    row["reward_mean"] = history[-1].get("critic/score/mean", float("nan")) if history else float("nan")
     return row
 
 
@@ -144,7 +138,7 @@ def compare(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if 0 not in by:
         return {}
     s = by[0]
-    g, t, y = s["gen_plus_reward_s"], s["train_s"], s["sync_s"]
+    g, t, y = s["gen_plus_reward_s"], s["train_s"], s["push_s"]
     out: dict[str, Any] = {"sync_gen_plus_reward_s": g, "sync_train_s": t,
                            "sync_balance_ratio": max(g, t) / min(g, t) if min(g, t) > 0 else float("inf")}
     out["sync_balanced"] = out["sync_balance_ratio"] <= 1.5

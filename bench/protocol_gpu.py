@@ -1,7 +1,7 @@
 """The evaluation protocol at KernelBench's published sizes on one GPU: ``python -m bench.protocol_gpu``.
 
 A ReLU task of KernelBench level 1's published size (4096 x 393216 float32: 6 GiB in, 6 GiB out),
-written here, evaluated through EvalPool with honest answers (the reference itself, a torch op, a
+written here, evaluated through SandboxPool with honest answers (the reference itself, a torch op, a
 CUDA kernel) and hostile ones (an output cache keyed on a few input values, a constant-after-first
 answer, in-place modification, returning the input, a never-ending kernel), each twice where noise
 matters; then the honest CUDA answer again, which must still score. Prints one JSON line per
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench.common import baseline_path
 from sandbox.config import load_default_config
-from sandbox.pool import EvalPool
+from sandbox.pool import SandboxPool
 
 TASK = '''
 import torch
@@ -102,7 +102,7 @@ async def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     cfg = load_default_config(backend="cuda", cache_dir=a.cache_dir, max_concurrent=4, compile_workers=4)
     rows = []
-    async with EvalPool(cfg) as pool:
+    async with SandboxPool(cfg) as pool:
         for name, (src, expect) in CASES.items():
             if a.only and name not in a.only:
                 continue

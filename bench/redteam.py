@@ -1,4 +1,4 @@
-"""The red team's answers (tests/sandbox/redteam.py) through ``sandbox.EvalPool`` on one backend:
+"""The red team's answers (tests/sandbox/redteam.py) through ``sandbox.SandboxPool`` on one backend:
 each answer (then the task's correct answer in the same pool); a JSON file and a Markdown table
 (answer, what it tries, expected, got, reason, as expected?), and a progress line per answer.
 
@@ -35,7 +35,7 @@ from bench.common import machine, parser, table
 
 
 async def amain(args: Any) -> int:
-    from sandbox.pool import EvalPool
+    from sandbox.pool import SandboxPool
     from tests.sandbox import redteam as rt
 
     gpu = args.backend != "cpu"
@@ -59,7 +59,7 @@ async def amain(args: Any) -> int:
     if gpu:
         overrides["memory_limit_bytes"] = 64 * 2**30
     try:
-        async with EvalPool(rt.config(site.cache, run_timeout_s=args.run_timeout, **overrides)) as pool:
+        async with SandboxPool(rt.config(site.cache, run_timeout_s=args.run_timeout, **overrides)) as pool:
             used = {rt.ANSWERS[n].task for n in wanted}
             await rt.prime(pool, args.backend, tuple(t for t in ("relu", "tiny", "copy") if t in used))
             print(f"[bench.redteam] pool ready, references primed ({time.monotonic() - t0:.1f} s); "

@@ -36,9 +36,9 @@ while True:
 
 
 async def _evaluate(cfg, task_src: str, answer: str, label: str, n: int, rows: list[dict], out: Path) -> None:
-    from sandbox.pool import EvalPool
+    from sandbox.pool import SandboxPool
 
-    async with EvalPool(cfg) as pool:
+    async with SandboxPool(cfg) as pool:
         for i in range(n):
             r = await pool.evaluate(task_src, answer + f"\n# {label} {i} {time.time()}\n", "cuda")
             row = {"label": label, "correct": r.correct, "speedup": r.speedup, "ref_ms": r.ref_runtime_ms,

@@ -1,7 +1,7 @@
 """Streaming rewards against evaluate-all-at-the-end, on the same batch of answers.
 
 A generated batch is replayed: answer i is "finished" at time t_i, spread uniformly over the
-generation window (``--gen-seconds``). Streaming hands each answer to ``sandbox.EvalPool`` at its
+generation window (``--gen-seconds``). Streaming hands each answer to ``sandbox.SandboxPool`` at its
 t_i (what pipeline.rollout does); at-the-end hands all of them over when the last token is out
 (verl's synchronous shape). Reward tail = last score - last token; total = last score - first
 token. Each mode gets its own empty build cache and its own distinct builds, so neither profits
@@ -41,10 +41,10 @@ def batch(backend: str, compiled: int, cheap: int, nonce: str) -> list[tuple[str
 
 async def replay(cfg: Any, work: list[tuple[str, str]], finish: list[float], streaming: bool,
                  backend: str) -> dict[str, Any]:
-    from sandbox.pool import EvalPool
+    from sandbox.pool import SandboxPool
 
     durations: list[float] = []
-    async with EvalPool(cfg) as pool:
+    async with SandboxPool(cfg) as pool:
         t0 = time.monotonic()
         last_token = max(finish)
 

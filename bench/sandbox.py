@@ -1,4 +1,4 @@
-"""Sandbox throughput: evaluations/min and compile time p50/p95 through ``sandbox.EvalPool``,
+"""Sandbox throughput: evaluations/min and compile time p50/p95 through ``sandbox.SandboxPool``,
 cold (every candidate a distinct build) and cached (the same candidates again: build-cache hits).
 
 Candidates are the project's known-correct answers (rewards/solutions/<backend>) for several
@@ -67,7 +67,7 @@ def summarise(phase: str, wall: float, results: list[Any]) -> dict[str, Any]:
 
 async def amain(args: Any) -> None:
     from sandbox.config import load_default_config
-    from sandbox.pool import EvalPool
+    from sandbox.pool import SandboxPool
 
     overrides: dict[str, Any] = {"backend": args.backend}
     for key in ("max_concurrent", "compile_workers", "cache_dir", "max_jobs"):
@@ -76,7 +76,7 @@ async def amain(args: Any) -> None:
     cfg = load_default_config(**overrides)
     work = candidates(args.backend, args.distinct)
     failures: list[dict[str, Any]] = []
-    async with EvalPool(cfg) as pool:
+    async with SandboxPool(cfg) as pool:
         rows = []
         if args.prime:
             # other distinct builds first: the pool learns the candidates' flag sets and builds

@@ -67,12 +67,12 @@ class StoredAnswerEnv:
         steps up, so exactly that share of every run of calls does."""
         return math.floor(call * self.share) > math.floor((call - 1) * self.share)
 
-    async def evaluate(self, task: TaskRef, response: str) -> TurnOutcome:
+    async def score(self, task: TaskRef, response: str) -> TurnOutcome:
         self._calls += 1
         if not self.stored(self._calls):
-            return await self.inner.evaluate(task, response)
+            return await self.inner.score(task, response)
         variant = self._calls % self.variants if self.variants > 1 else 0
-        return await self.inner.evaluate(task, answer_text(self._code[task.task_id], variant))
+        return await self.inner.score(task, answer_text(self._code[task.task_id], variant))
 
     async def aclose(self) -> None:
         await self.inner.aclose()

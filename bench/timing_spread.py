@@ -37,12 +37,12 @@ async def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", default="cpu")
     a = ap.parse_args(argv)
     from sandbox.config import load_default_config
-    from sandbox.pool import EvalPool
+    from sandbox.pool import SandboxPool
 
     speedups, new_ms = [], []
     with tempfile.TemporaryDirectory() as cache:
         cfg = load_default_config(cache_dir=cache, backend=a.backend, max_concurrent=1)
-        async with EvalPool(cfg) as pool:
+        async with SandboxPool(cfg) as pool:
             for i in range(a.repeats):
                 # the task text changes each time (a comment), so the reference is timed every time too
                 res = await pool.evaluate(TASK + f"\n# {i}\n", ANSWER, a.backend)

@@ -1,7 +1,7 @@
 """Weight push trainer -> sampler: ``pipeline.weight_sync`` push objects through the real actors
 (a ``TrainerGroup`` FSDP2 rank and a ``SamplerGroup`` worker with its engine, HF or vLLM), per
 transport. Push time = gather on the trainer + transfer + copy into the engine, what
-``timing/weight_sync`` reports in the loop; each push is split into transport (everything but
+``timing_s/update_weights`` reports in the loop; each push is split into transport (everything but
 the engine's copy and the checksums), engine load, and checks. On one GPU both pools share it
 (resources/one_gpu). Bar: cuda_ipc transport of 0.5B bf16 at most 20 ms.
 

@@ -30,7 +30,7 @@ from pipeline.resources import ResourcesConfig
 from pipeline.rollout import RolloutConfig
 from pipeline.sft import SftConfig
 from pipeline.trainer.config import TrainerConfig
-from rewards.interface import ENVS, EvalConfig, RewardConfig, ToyEnvConfig, check_env_config
+from rewards.interface import ENVS, SandboxConfig, RewardConfig, ToyEnvConfig, check_env_config
 
 PROFILES = ("auto", "laptop", "full")
 
@@ -41,7 +41,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
-    sandbox: EvalConfig = field(default_factory=EvalConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)

@@ -157,7 +157,7 @@ class Loop(TrainerRestarts):
         with self.activity.doing("push", f"pushing weights v{version}"):
             await self.parts.weight_sync.push(version)
         t1 = time.time()
-        self.parts.timeline.add("sync", "sync", step, t0, t1)
+        self.parts.timeline.add("push", "push", step, t0, t1)
         return t1 - t0
 
     # ---- the schedule ----------------------------------------------------------------
@@ -308,42 +308,42 @@ class Loop(TrainerRestarts):
         metrics, t_train = await self.train(cur, self.version)
         metrics.update(bound)
         self.version += 1
-        t_sync = await self._push_new(step)
+        t_push = await self._push_new(step)
         t_total = time.time() - t_step
         # the batch generated during this step (sync: this one; one_off: the next)
         fresh = [g for g in self._done if g.t_end >= t_step]
         self._done = self._done[-(self.k + 2):]  # only timings are read; samples go with training
-        metrics.update(self._step_metrics(cur, fresh[-1] if fresh else None, t_train, t_sync, t_total))
+        metrics.update(self._step_metrics(cur, fresh[-1] if fresh else None, t_train, t_push, t_total))
         if prologue:
-            metrics["timing/prologue_gen"] = prologue
+            metrics["timing_s/prologue_gen"] = prologue
         metrics["pipeline/weights_version"] = float(self.version)
         metrics["pipeline/trainer_restarts"] = float(self.trainer_restarts)
         split = self.parts.weight_sync.last_stats  # the push's own split of its seconds
-        metrics.update({f"pipeline/weight_sync_{k}": float(split[k])
+        metrics.update({f"pipeline/push_{k}": float(split[k])
                         for k in ("transport_s", "load_s", "check_s") if k in split})
         self._log(step, metrics, cur.samples)
         saved = self._maybe_checkpoint(step, force=self.stop_requested)
         if steps_bar is not None:
-            steps_bar.set_postfix_str(f"reward {metrics.get('reward/mean', 0.0):.3f}")
+            steps_bar.set_postfix_str(f"reward {metrics.get('critic/score/mean', 0.0):.3f}")
             steps_bar.update(1)
         return saved
 
     # ---- bookkeeping -----------------------------------------------------------------
     def _step_metrics(self, trained: GeneratedBatch, gen: GeneratedBatch | None, t_train: float,
-                      t_sync: float, t_total: float) -> dict[str, float]:
+                      t_push: float, t_total: float) -> dict[str, float]:
         m: dict[str, float] = dict(trained.rollout)
         m.update(self.parts.rollout_metrics(trained.samples))
         m.update(score_metrics(trained.samples))
         m.update(env_metrics(trained.samples, trained.wall))
         t_gen = gen.wall if gen is not None else 0.0
-        m["timing/gen"] = (gen.last_token - gen.t_start) if gen is not None else 0.0
-        m["timing/reward_tail"] = gen.reward_tail if gen is not None else 0.0
+        m["timing_s/gen"] = (gen.last_token - gen.t_start) if gen is not None else 0.0
+        m["timing_s/reward"] = gen.reward_tail if gen is not None else 0.0
         m.update(eval_latency_metrics(gen.samples) if gen is not None else {})  # the same batch's
-        m["timing/gen_total"] = t_gen
-        m["timing/train"] = t_train
-        m["timing/weight_sync"] = t_sync
-        m["timing/step"] = t_total
-        ideal = max(t_gen, t_train) + t_sync
+        m["timing_s/gen_total"] = t_gen
+        m["timing_s/train"] = t_train
+        m["timing_s/update_weights"] = t_push
+        m["timing_s/step"] = t_total
+        ideal = max(t_gen, t_train) + t_push
         m["pipeline/efficiency"] = ideal / t_total if t_total > 0 else 0.0
         m["pipeline/trainer_idle"] = max(0.0, 1.0 - t_train / t_total) if t_total > 0 else 0.0
         m["pipeline/sampler_idle"] = max(0.0, 1.0 - t_gen / t_total) if t_total > 0 else 0.0

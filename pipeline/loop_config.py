@@ -10,7 +10,7 @@ from omegaconf import MISSING
 
 @dataclass
 class PipelineConfig:
-    mode: Optional[str] = MISSING    # legacy alias: sync (= max_staleness 0) | one_off (= 1) | null
+    mode: Optional[str] = MISSING    # sync (= max_staleness 0) | one_off (= 1) | null: max_staleness
     max_staleness: int = MISSING     # k: batches generated up to k weights versions ahead
     staleness_policy: str = MISSING  # drop | wait: a trajectory found over the bound at train time
     partial_rollout: bool = MISSING  # a push may reach the samplers while a batch is generated

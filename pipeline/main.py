@@ -2,7 +2,7 @@
 
 Composes the typed config (pipeline/config.py + conf/), starts or joins Ray, splits it into
 resource pools (pipeline/resources.py), builds the sampler group (engine + reward env per worker),
-the FSDP2 trainer, the weight sync and the logger, then runs the step loop. ``-m`` sweeps run one
+the FSDP2 trainer, the weight push and the logger, then runs the step loop. ``-m`` sweeps run one
 job after the other, each with its own run dir, W&B run and Ray session.
 """
 from __future__ import annotations
@@ -167,7 +167,7 @@ class Session:
 
 def perf_context(cfg: Any, trainer_info: dict[str, Any] | None, colocated: bool) -> dict[str, Any]:
     """What verl's perf/* metrics need: GPUs of the job, trainer GPUs, parameters, peak FLOP/s."""
-    from pipeline.metric_names import peak_flops
+    from pipeline.metrics import peak_flops
 
     r = cfg.resources
     info = trainer_info or {}
@@ -251,13 +251,13 @@ def summary_line(history: list[dict[str, float]]) -> str:
     def pair(key: str) -> str:
         return f"{first.get(key, 0.0):.3f} -> {last.get(key, 0.0):.3f}"
 
-    head = [float(h.get("reward/mean", 0.0)) for h in history[:2]]
-    tail = [float(h.get("reward/mean", 0.0)) for h in history[-2:]]
+    head = [float(h.get("critic/score/mean", 0.0)) for h in history[:2]]
+    tail = [float(h.get("critic/score/mean", 0.0)) for h in history[-2:]]
     skipped = [int(h["step"]) for h in history[1:] if h.get("actor/skipped")]
     return (f"[pipeline] summary, step {int(first['step'])} -> {int(last['step'])}: reward "
-            f"{pair('reward/mean')} (mean of the first two steps {sum(head) / len(head):.3f} -> last two "
-            f"{sum(tail) / len(tail):.3f}), correct {pair('score/correct')}, mean speedup "
-            f"{pair('score/speedup_mean')}; steps after the first that trained on nothing: "
+            f"{pair('critic/score/mean')} (mean of the first two steps {sum(head) / len(head):.3f} -> last two "
+            f"{sum(tail) / len(tail):.3f}), correct {pair('kernel/correct')}, mean speedup "
+            f"{pair('kernel/speedup_mean')}; steps after the first that trained on nothing: "
             f"{skipped if skipped else 'none'}")
 
 
@@ -311,7 +311,7 @@ def main(cfg: DictConfig) -> float:
               "the same command starts it again (or continues its checkpoint, resume=auto)",
               file=sys.stderr, flush=True)
         sys.exit(130)
-    return float(last.get("reward/mean", 0.0))
+    return float(last.get("critic/score/mean", 0.0))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """Per-step metrics from samples (score/*, hack/*, prompt_length/*, and what the env names in its
 outcomes, e.g. the kernel env's sandbox/*), and where they go:
 the console, ``metrics.jsonl`` in the run dir (every scalar, one line per step) and W&B
-(``logger.mode``, pipeline/wandb_setup.py; ``logger=console`` turns it off). Names are renamed to
-the logged ones (verl's where verl has the quantity, pipeline/metric_names.py) on the way out."""
+(``logger.mode``, pipeline/wandb_setup.py; ``logger=console`` turns it off). Every part computes its
+metrics under the names they are logged by: verl's wherever verl logs the same quantity, so runs of
+both frameworks share one W&B dashboard; kernel-specific quantities keep their own prefixes
+(``kernel/``, ``hack/``, ``error/``, ``sandbox/``, ``pipeline/``, ``rollout/``, ``batch/``).
+docs/metrics.md has the table."""
 from __future__ import annotations
 
 import json
@@ -46,20 +49,18 @@ def _mean(xs: list[float]) -> float:
 
 
 def score_metrics(samples: list[Sample]) -> dict[str, float]:
-    """score/* from each sample's TurnOutcome fields, hack/<rule> shares, error share."""
+    """kernel/* from each sample's TurnOutcome fields, hack/<rule> shares, error share (the score's
+    own statistics, critic/score/*, are the algorithm's rollout_metrics)."""
     n = len(samples)
     if n == 0:
         return {}
     o = [s.outcome for s in samples if s.outcome is not None]  # a Sample without one counts as all-false
-    out = {"score/parse_ok": sum(d.parse_ok for d in o) / n, "score/compiled": sum(d.compiled for d in o) / n,
-           "score/correct": sum(d.correct for d in o) / n}
+    out = {"kernel/parse_ok": sum(d.parse_ok for d in o) / n, "kernel/compiled": sum(d.compiled for d in o) / n,
+           "kernel/correct": sum(d.correct for d in o) / n}
     speedups = [float(d.speedup) for d in o if d.correct and d.speedup is not None
                 and math.isfinite(float(d.speedup))]
-    out["score/speedup_mean"] = _mean(speedups)
-    out["score/fast_1"] = sum(1 for x in speedups if x > 1.0) / n
-    out["score/mean"] = _mean([s.score for s in samples])
-    out["score/max"] = max(s.score for s in samples)
-    out["score/min"] = min(s.score for s in samples)
+    out["kernel/speedup_mean"] = _mean(speedups)
+    out["kernel/fast_1"] = sum(1 for x in speedups if x > 1.0) / n
     # verl's length statistics (tokens; the prompt includes the episode's history)
     prompts = [float(len(s.prompt_ids)) for s in samples]
     responses = [float(len(s.response_ids)) for s in samples]
@@ -99,8 +100,8 @@ def env_metrics(samples: list[Sample], wall_s: float) -> dict[str, float]:
 
 
 def eval_latency_metrics(samples: list[Sample]) -> dict[str, float]:
-    """Seconds of one evaluation (a sample's last token -> its score, ``env.evaluate`` with any wait
-    for a sandbox slot): p50, p95 (nearest rank) and max over the batch. ``timing/reward_tail`` is
+    """Seconds of one evaluation (a sample's last token -> its score, ``env.score`` with any wait
+    for a sandbox slot): p50, p95 (nearest rank) and max over the batch. ``timing_s/reward`` is
     compared with the p95: a tail above it means the step waited for more than one slow score.
     Where the environment says its evaluator ran some answers (``TurnOutcome.evaluated``), only
     those count: an answer that fails to parse is scored in microseconds and is no evaluation."""
@@ -110,7 +111,7 @@ def eval_latency_metrics(samples: list[Sample]) -> dict[str, float]:
     if not xs:
         return {}
     p95 = xs[max(0, math.ceil(0.95 * len(xs)) - 1)]
-    return {"timing/eval_p50": statistics.median(xs), "timing/eval_p95": p95, "timing/eval_max": xs[-1]}
+    return {"timing_s/eval_p50": statistics.median(xs), "timing_s/eval_p95": p95, "timing_s/eval_max": xs[-1]}
 
 
 def episode_rows(samples: list[Sample], k: int, decode: Any = None,
@@ -142,8 +143,43 @@ def _lines_before(path: Path, step: int) -> list[str]:
             if line.strip() and json.loads(line).get("step", -1) < step]
 
 
+# bf16 dense peak per GPU (TFLOP/s) by device-name fragment, for perf/mfu/actor
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0,
+               "L40S": 362.0, "B200": 2250.0}
+
+
+def peak_flops(device_name: str | None) -> float | None:
+    for fragment, tflops in PEAK_TFLOPS.items():
+        if device_name and fragment in device_name:
+            return tflops * 1e12
+    return None  # CPU or an unknown GPU: no MFU rather than a wrong one
+
+
+def with_perf(metrics: dict[str, Any], perf: dict[str, Any] | None = None) -> dict[str, float]:
+    """The scalars of ``metrics``, plus verl's perf/* derived from them.
+
+    ``perf``: ``gpus`` (all GPUs of the job), ``trainer_gpus``, ``params`` (model parameters),
+    ``peak_flops`` (per GPU, None on CPU)."""
+    # bool included: a flag logs as 0/1
+    out = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+    perf = perf or {}
+    step_s = out.get("timing_s/step", 0.0)
+    if "batch/tokens" in out and step_s > 0:
+        # verl: every token of the batch (prompt + response) per second per GPU of the job
+        out["perf/total_num_tokens"] = out["batch/tokens"]
+        out["perf/time_per_step"] = step_s
+        out["perf/throughput"] = out["batch/tokens"] / (step_s * max(1, int(perf.get("gpus") or 0)))
+    train_s = out.get("actor/rank_time_s") or out.get("timing_s/train", 0.0)
+    peak, params = perf.get("peak_flops"), perf.get("params")
+    if peak and params and train_s > 0 and "actor/tokens" in out:
+        # 6 N flops per trained token (forward + backward), the usual dense estimate
+        achieved = 6.0 * float(params) * out["actor/tokens"] / train_s
+        out["perf/mfu/actor"] = achieved / (peak * max(1, int(perf.get("trainer_gpus") or 1)))
+    return out
+
+
 class MetricsLogger:
-    """``perf``: what verl's perf/* need (pipeline/metric_names.to_logged); ``group`` overrides
+    """``perf``: what verl's perf/* need (:func:`with_perf`); ``group`` overrides
     ``logger.group`` (a sweep's jobs share one); ``job_type``: the W&B run's (``eval`` for
     pipeline.evaluate)."""
 
@@ -208,9 +244,7 @@ class MetricsLogger:
         return run
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        from pipeline.metric_names import console_key, to_logged
-
-        scalars = to_logged(metrics, self.perf)
+        scalars = with_perf(metrics, self.perf)
         if self.jsonl is not None:
             self.jsonl.write(json.dumps({"step": step, **scalars}) + "\n")
             self.jsonl.flush()
@@ -218,9 +252,9 @@ class MetricsLogger:
             self.wandb.log(scalars, step=step)
             self._wandb_step = step
         if "console" in self.cfg.backends:
-            keys = [console_key(k) for k in self.cfg.console_keys]
             # full names: the last part alone is ambiguous (timing_s/step printed as step=)
-            line = "  ".join(f"{k}={scalars[k]:.4g}" for k in dict.fromkeys(keys) if k in scalars)
+            line = "  ".join(f"{k}={scalars[k]:.4g}" for k in dict.fromkeys(self.cfg.console_keys)
+                             if k in scalars)
             from tqdm import tqdm
 
             tqdm.write(f"[step {step}] {line}", file=sys.stderr)  # above any progress bar

@@ -1,7 +1,7 @@
 """The multi-turn episode driver: every trajectory is its own coroutine; every turn is a Sample.
 
 For each task, ``n_trajectories`` x ``turns``: messages = ``env.messages(task, history)`` ->
-chat template -> ``engine.generate`` -> ``await env.evaluate(task, text)`` -> history gets
+chat template -> ``engine.generate`` -> ``await env.score(task, text)`` -> history gets
 ``Turn(summary, answer, feedback)`` (the reasoning is dropped) -> next turn. While one
 trajectory waits for its evaluation, all others keep generating; each scored turn is handed to
 ``on_sample`` at once (streaming rewards).
@@ -84,16 +84,16 @@ class BatchStats:
     def metrics(self) -> dict[str, float]:
         lat = self.latencies_s or [0.0]
         return {
-            "timing/gen": self.gen_s,
-            "timing/reward_tail": self.reward_tail_s,
+            "timing_s/gen": self.gen_s,
+            "timing_s/reward": self.reward_tail_s,
             "rollout/samples": float(self.n_samples),
             "rollout/errors": float(self.n_errors),
             "rollout/prompt_too_long": float(self.ended_prompt_too_long),
             "rollout/history_turns_dropped": float(self.history_turns_dropped),
             "rollout/latency_p50_s": statistics.median(lat),
             "rollout/latency_max_s": max(lat),
-            "response/truncated_frac": self.n_truncated / self.n_samples if self.n_samples else 0.0,
-            "response/length_mean": self.response_tokens / self.n_samples if self.n_samples else 0.0,
+            "response_length/clip_ratio": self.n_truncated / self.n_samples if self.n_samples else 0.0,
+            "response_length/mean": self.response_tokens / self.n_samples if self.n_samples else 0.0,
             "perf/gen_tokens_per_s": self.response_tokens / self.gen_s if self.gen_s else 0.0,
             "perf/engine_steps": self.engine_steps,
             "perf/engine_step_ms": 1e3 * self.engine_busy_s / self.engine_steps if self.engine_steps else 0.0,
@@ -274,7 +274,7 @@ class _Episodes:
         if error is None:
             self.stats.eval_pending_max = max(self.stats.eval_pending_max, self.backlog.add())
             try:
-                outcome = await asyncio.wait_for(self.env.evaluate(task, text), self.cfg.eval_timeout_s)
+                outcome = await asyncio.wait_for(self.env.score(task, text), self.cfg.eval_timeout_s)
             except asyncio.TimeoutError:
                 error = f"evaluation timed out after {self.cfg.eval_timeout_s}s"
             except Exception as e:  # the environment scrubs what it returns; an exception is not that

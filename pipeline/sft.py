@@ -189,7 +189,7 @@ def train(trainer: Any, logger: Any, rows: list[Any], pad_token_id: int, s: Any,
             batch = sft_batch([rows[j] for j in order[i:i + s.batch_size]], pad_token_id)
             t = time.time()
             m = trainer.train_sft(batch)
-            m.update({"sft/epoch": float(epoch), "timing/step": time.time() - t})
+            m.update({"sft/epoch": float(epoch), "timing_s/step": time.time() - t})
             logger.log(step, m)
             first = m["sft/loss"] if first is None else first
             last = m["sft/loss"]

@@ -13,9 +13,8 @@ batches were made under. Those samples are dropped or regenerated (``pipeline.st
 Naming follows the systems users come from: k is AReaL's ``max_head_offpolicyness`` (an integer
 bound on versions; verl's fully-async ``staleness_threshold`` is a share of extra samples instead,
 so it is not reused here); ``partial_rollout`` is verl's key for letting a push reach the samplers
-while a batch is in flight; ``mismatch/kl`` and ``mismatch/k3_kl`` are verl's estimators of
-KL(pi_sampler || pi_trainer) over the same tokens and are logged under verl's names
-``rollout_corr/kl`` and ``rollout_corr/k3_kl`` (pipeline/metric_names.py).
+while a batch is in flight; ``rollout_corr/kl`` and ``rollout_corr/k3_kl`` are verl's names (and
+estimators) of KL(pi_sampler || pi_trainer) over the same tokens.
 """
 from __future__ import annotations
 
@@ -26,15 +25,16 @@ import torch
 
 from pipeline.sample import Sample
 
-MODE_STALENESS = {"sync": 0, "one_off": 1}   # the schedules' old names, kept as aliases
+MODE_STALENESS = {"sync": 0, "one_off": 1}   # pipeline.mode: DeepCoder's names of the two schedules
 POLICIES = ("drop", "wait")
 DEFAULT_STALENESS = 1
 
 
 def resolve_staleness(mode: str | None, max_staleness: int | None) -> int:
-    """k from ``pipeline.max_staleness`` and the legacy ``pipeline.mode`` alias. ``mode`` set and
-    ``max_staleness`` at its default: the alias decides; set to something else: an error, since
-    the two would disagree about the schedule."""
+    """k from ``pipeline.mode`` (``sync`` | ``one_off``, the schedule by name) and
+    ``pipeline.max_staleness`` (the general k). ``mode`` set and ``max_staleness`` at its default:
+    the mode decides; set to something else: an error, since the two would disagree about the
+    schedule."""
     k = DEFAULT_STALENESS if max_staleness is None else int(max_staleness)
     if k < 0:
         raise ValueError(f"pipeline.max_staleness={k}: expected >= 0 (0 = sync, 1 = one_off)")
@@ -42,12 +42,12 @@ def resolve_staleness(mode: str | None, max_staleness: int | None) -> int:
         return k
     if mode not in MODE_STALENESS:
         raise ValueError(f"pipeline.mode={mode!r}: expected one of {tuple(MODE_STALENESS)} "
-                         "(legacy aliases of pipeline.max_staleness=0 and =1)")
-    alias = MODE_STALENESS[mode]
-    if max_staleness is not None and k not in (alias, DEFAULT_STALENESS):
-        raise ValueError(f"pipeline.mode={mode} means pipeline.max_staleness={alias}, but "
-                         f"pipeline.max_staleness={k} is set too: keep only max_staleness")
-    return alias
+                         "(pipeline.max_staleness=0 and =1; null: max_staleness decides)")
+    named = MODE_STALENESS[mode]
+    if max_staleness is not None and k not in (named, DEFAULT_STALENESS):
+        raise ValueError(f"pipeline.mode={mode} means pipeline.max_staleness={named}, but "
+                         f"pipeline.max_staleness={k} is set too: keep one of them")
+    return named
 
 
 def schedule_name(k: int) -> str:
@@ -127,7 +127,7 @@ class MismatchStats:
         n = sums["tokens"]
         if n <= 0:
             return {}
-        return {"mismatch/kl": sums["diff"] / n, "mismatch/k3_kl": sums["k3"] / n,
+        return {"rollout_corr/kl": sums["diff"] / n, "rollout_corr/k3_kl": sums["k3"] / n,
                 "mismatch/abs_logprob_diff_mean": sums["abs_diff"] / n,
                 "mismatch/abs_logprob_diff_max": float(abs_max)}
 

@@ -3,11 +3,10 @@ bar chart (matplotlib, headless) and queried for overlap (the one-off schedule's
 
 Lanes: ``sampler`` (gen: first prompt in to last token out of a batch), ``reward`` (union of the
 per-sample evaluation intervals, last token of a sample -> its score), ``trainer`` (train) and
-``sync`` (weight push).
+``push`` (weight push).
 
 ``python -m pipeline.timeline RUN_DIR`` redraws ``timeline.png`` from ``timeline.jsonl`` and
-prints each step's times from ``metrics.jsonl`` under their logged names (``timing_s/*``, verl's;
-a run logged before the rename, under ``timing/*``, reads the same).
+prints each step's times from ``metrics.jsonl`` (``timing_s/*``, verl's names).
 """
 from __future__ import annotations
 
@@ -17,14 +16,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
 
-LANES = ("sampler", "reward", "trainer", "sync")
-COLORS = {"gen": "#4C72B0", "reward": "#DD8452", "train": "#55A868", "sync": "#C44E52"}
+LANES = ("sampler", "reward", "trainer", "push")
+COLORS = {"gen": "#4C72B0", "reward": "#DD8452", "train": "#55A868", "push": "#C44E52"}
 
 
 @dataclass
 class Span:
     lane: str
-    kind: str      # gen | reward | train | sync
+    kind: str      # gen | reward | train | push
     step: int      # the batch the work belongs to
     start: float   # time.time()
     end: float
@@ -123,20 +122,14 @@ class Timeline:
         return path
 
 
-# lane -> the logged metric (docs/metrics.md) that times it, and the pre-rename name
-LANE_METRICS = {"sampler": ("timing_s/gen", "timing/gen"), "reward": ("timing_s/reward", "timing/reward_tail"),
-                "trainer": ("timing_s/train", "timing/train"),
-                "sync": ("timing_s/update_weights", "timing/weight_sync"),
-                "step": ("timing_s/step", "timing/step")}
+# lane -> the logged metric (docs/metrics.md) that times it
+LANE_METRICS = {"sampler": "timing_s/gen", "reward": "timing_s/reward", "trainer": "timing_s/train",
+                "push": "timing_s/update_weights", "step": "timing_s/step"}
 
 
 def step_timings(line: dict[str, float]) -> dict[str, float]:
     """Seconds per lane (and the whole step) of one metrics.jsonl line."""
-    out = {}
-    for lane, (name, old) in LANE_METRICS.items():
-        if name in line or old in line:
-            out[lane] = float(line.get(name, line.get(old, 0.0)))
-    return out
+    return {lane: float(line[name]) for lane, name in LANE_METRICS.items() if name in line}
 
 
 def main(argv: list[str] | None = None) -> int:

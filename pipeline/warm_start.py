@@ -110,9 +110,9 @@ def prebuild(reward_cfg: Any, sandbox_cfg: Any) -> dict[str, int]:
     from rewards.corpus import corpus_answers
     from rewards.env import KernelEnv
     from rewards.interface import TaskRef
-    from sandbox.pool import EvalPool
+    from sandbox.pool import SandboxPool
 
-    pool = EvalPool(sandbox_cfg)
+    pool = SandboxPool(sandbox_cfg)
     env = KernelEnv(reward_cfg, pool)
     ids = [t.task_id for t in env.tasks("train")]
     answers = corpus_answers(env.backend, ids)
@@ -120,7 +120,7 @@ def prebuild(reward_cfg: Any, sandbox_cfg: Any) -> dict[str, int]:
     async def all_of() -> list[Any]:
         try:
             out = await asyncio.gather(*[
-                env.evaluate(TaskRef(a.task_id, env.task(a.task_id)), answer_text(a.code, "Summary."))
+                env.score(TaskRef(a.task_id, env.task(a.task_id)), answer_text(a.code, "Summary."))
                 for a in answers])
             if env.backend == "cuda":
                 # these builds asked for the precompiled headers of their flags; closing the pool now

@@ -3,7 +3,7 @@
     python -m rewards.cli tasks [--levels 1 2] [--profile cpu]        # the task set and the split
     python -m rewards.cli prompt L1/12_softmax [--backend cuda] [--profile full]  # turn-1 messages
     python -m rewards.cli check response.txt [--backend cpu]           # parse + anti-hack rules only
-    python -m rewards.cli evaluate L1/12_softmax response.txt          # full evaluation in the sandbox
+    python -m rewards.cli score L1/12_softmax response.txt          # full evaluation in the sandbox
 
 ``--config NAME`` picks conf/reward/NAME.yaml (default ``kernel``); ``--set key=value`` overrides;
 both go before or after the subcommand. Every command names the backend it used: the rules and
@@ -86,16 +86,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if violations or not parsed.ok else 0
 
 
-def cmd_evaluate(args: argparse.Namespace) -> int:
+def cmd_score(args: argparse.Namespace) -> int:
     from sandbox.config import load_default_config
-    from sandbox.pool import EvalPool
+    from sandbox.pool import SandboxPool
 
     cfg = _cfg(args)
 
     async def run() -> Any:
-        env = KernelEnv(cfg, EvalPool(load_default_config(backend=cfg.backend)))
+        env = KernelEnv(cfg, SandboxPool(load_default_config(backend=cfg.backend)))
         try:
-            return await env.evaluate(_ref(env, args.task), _read(args.response))
+            return await env.score(_ref(env, args.task), _read(args.response))
         finally:
             await env.aclose()
 
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     p = add("check", "parse a response and apply the anti-hack rules")
     p.add_argument("response", help="file with the model response ('-' for stdin)")
     p.add_argument("--backend", choices=["cpu", "triton", "cuda"])
-    p = add("evaluate", "score a response in the sandbox")
+    p = add("score", "score a response in the sandbox")
     p.add_argument("task")
     p.add_argument("response")
     p.add_argument("--backend", choices=["cpu", "triton", "cuda"])
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.config = args.config_after or args.config or "kernel"
     args.set = (args.set or []) + (args.set_after or [])
-    command = {"tasks": cmd_tasks, "prompt": cmd_prompt, "check": cmd_check, "evaluate": cmd_evaluate}[args.cmd]
+    command = {"tasks": cmd_tasks, "prompt": cmd_prompt, "check": cmd_check, "score": cmd_score}[args.cmd]
     try:
         return command(args)
     except (OmegaConfBaseException, ValueError, FileNotFoundError) as e:  # config and task errors, for people

@@ -1,8 +1,8 @@
 """KernelEnv: the kernel-writing environment behind :class:`rewards.interface.RewardEnv`.
 
-evaluate = parse -> anti-hack rules -> sandbox (``await pool.evaluate(ref_src, code, backend)``)
+score = parse -> anti-hack rules -> sandbox (``await pool.evaluate(ref_src, code, backend)``)
 -> score -> feedback. Bad model output never raises: every failure is a scored (0) outcome with
-its reason. Every outcome leaves through :meth:`KernelEnv.evaluate`, where its text (feedback,
+its reason. Every outcome leaves through :meth:`KernelEnv.score`, where its text (feedback,
 verdict, summary, answer) is scrubbed of secrets (:mod:`rewards.scrub`); the sandbox's own text
 (error, log tail) is scrubbed and cut before feedback is built from it. A violation the sandbox
 caught at run time on an answer that passed every static rule (``error_kind`` rule_violation, or
@@ -28,7 +28,7 @@ from rewards.rules import RuleSettings, Violation, check_rules
 from rewards.score import score_result
 from rewards.scrub import Scrubber, default_scrubber
 from rewards.tasks import Task, TaskError, load_builtin, load_kernelbench, split
-from sandbox.result import REFUSED_BUILD, EvalResult
+from sandbox.result import REFUSED_BUILD, SandboxResult
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "holdout")
@@ -70,9 +70,9 @@ class KernelEnv:
 
     @classmethod
     def from_config(cls, reward_cfg: Any, sandbox_cfg: Any) -> "KernelEnv":
-        from sandbox.pool import EvalPool
+        from sandbox.pool import SandboxPool
 
-        return cls(reward_cfg, EvalPool(sandbox_cfg))
+        return cls(reward_cfg, SandboxPool(sandbox_cfg))
 
     # ---- RewardEnv ----
     def tasks(self, split_name: str) -> list[TaskRef]:
@@ -92,13 +92,13 @@ class KernelEnv:
         return build_messages(self.task(task).source, self.backend, self.enabled_rules, history,
                               bool(self.cfg.worked_example))
 
-    async def evaluate(self, task: TaskRef, response: str) -> TurnOutcome:
+    async def score(self, task: TaskRef, response: str) -> TurnOutcome:
         try:
-            outcome = await self._evaluate(self.task(task), response)
+            outcome = await self._score(self.task(task), response)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a bug here must not lose the sample: score 0 with the reason
-            log.error("KernelEnv.evaluate failed for %s: %s", task.task_id,
+            log.error("KernelEnv.score failed for %s: %s", task.task_id,
                       self.scrubber.scrub(traceback.format_exc()))
             outcome = TurnOutcome(score=0.0, feedback="The evaluator failed on this attempt; answer again.",
                                   error_kind="sandbox_error", verdict={"error": f"{type(e).__name__}: {e}"},
@@ -116,7 +116,7 @@ class KernelEnv:
         return dataclasses.replace(outcome, feedback=s.scrub(outcome.feedback), summary=s.scrub(outcome.summary),
                                    answer=s.scrub(outcome.answer), verdict=s.scrub_tree(outcome.verdict))
 
-    def _scrubbed_result(self, result: EvalResult) -> EvalResult:
+    def _scrubbed_result(self, result: SandboxResult) -> SandboxResult:
         """The sandbox's text (error, log tail) scrubbed and cut, before feedback is built from it."""
         s, limit = self.scrubber, self.cfg.verdict_text_chars
         return dataclasses.replace(result, error=s.scrub(result.error, limit),
@@ -138,7 +138,7 @@ class KernelEnv:
             return parsed, []
         return parsed, self.check(parsed.code)
 
-    async def _evaluate(self, task: Task, response: str) -> TurnOutcome:
+    async def _score(self, task: Task, response: str) -> TurnOutcome:
         cfg = self.cfg
         # parsing and the AST rules are CPU work: off the event loop, so generation keeps streaming
         parsed, violations = await asyncio.to_thread(self._static_checks, response)
@@ -169,20 +169,20 @@ class KernelEnv:
             verdict={**result.to_dict(), "credited_speedup": breakdown.credited_speedup, "score_note": breakdown.note},
             metrics=sandbox_metrics(result), evaluated=True)
 
-    async def _run(self, task: Task, code: str) -> EvalResult:
+    async def _run(self, task: Task, code: str) -> SandboxResult:
         try:
             result = await self.pool.evaluate(task.source, code, self.backend)
         except asyncio.CancelledError:
             raise
         except Exception as e:
             log.warning("sandbox failed on %s: %s", task.id, self.scrubber.scrub(str(e)))
-            return EvalResult.failure("sandbox_error", f"{type(e).__name__}: {e}", backend=self.backend)
+            return SandboxResult.failure("sandbox_error", f"{type(e).__name__}: {e}", backend=self.backend)
         if isinstance(result, dict):
-            result = EvalResult.from_dict(result)
+            result = SandboxResult.from_dict(result)
         return result
 
 
-def sandbox_metrics(result: EvalResult | None) -> dict[str, float]:
+def sandbox_metrics(result: SandboxResult | None) -> dict[str, float]:
     """The sandbox/* metrics of one outcome (TurnOutcome.metrics says how the pipeline reduces
     them). Every outcome of this env counts as an evaluation, one the sandbox never ran (a parse or
     rule failure, an evaluator error) as a cache miss without a compile."""
@@ -193,7 +193,7 @@ def sandbox_metrics(result: EvalResult | None) -> dict[str, float]:
     return out
 
 
-def _runtime_violation(result: EvalResult) -> EvalResult:
+def _runtime_violation(result: SandboxResult) -> SandboxResult:
     """A build the sandbox's build hook refused (the sandbox flags it :data:`REFUSED_BUILD`) is a
     run-time rule violation, whichever step reported it (compile, load or run)."""
     if result.error_kind in ("compile_error", "load_error", "runtime_error") and REFUSED_BUILD in result.flags:

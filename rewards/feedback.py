@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from rewards.parse import Parsed
 from rewards.rules import RULES, Violation
-from sandbox.result import EvalResult
+from sandbox.result import SandboxResult
 
 _FIRST_ERROR = (re.compile(r"\berror\b\s*[:(#]", re.IGNORECASE),      # compiler diagnostics
                 re.compile(r"\b\w*(Error|Exception)\b|undefined reference|fatal", re.IGNORECASE))
@@ -86,7 +86,7 @@ def _runtime(ms: float | None) -> str:
     return "n/a" if ms is None else f"{ms:.4g} ms"
 
 
-def result_feedback(result: EvalResult, log_chars: int, score: float, note: str = "") -> str:
+def result_feedback(result: SandboxResult, log_chars: int, score: float, note: str = "") -> str:
     """Feedback from the sandbox verdict."""
     kind = result.error_kind
     log = trim_log(result.error, log_chars)
@@ -133,12 +133,12 @@ def result_feedback(result: EvalResult, log_chars: int, score: float, note: str 
     return f"Your kernel was not correct ({kind or 'unknown'}).\n{log}".rstrip()
 
 
-def runtime_violations(result: EvalResult) -> list[str]:
+def runtime_violations(result: SandboxResult) -> list[str]:
     """The run-time violations a verdict names (its flags that are :data:`RUNTIME_VIOLATIONS`)."""
     return [f for f in result.flags if f in RUNTIME_VIOLATIONS]
 
 
-def runtime_violation_feedback(result: EvalResult, log: str) -> str:
+def runtime_violation_feedback(result: SandboxResult, log: str) -> str:
     names = runtime_violations(result)
     lines = ["Your answer was rejected (score 0): the evaluator caught it breaking the evaluation protocol "
              "at run time."]

@@ -1,7 +1,7 @@
 """The reward interface: all that ``pipeline/`` knows about kernels when it trains and evaluates.
 
 An environment turns (task, conversation so far) into chat messages, and a model response into a
-scored :class:`TurnOutcome` whose feedback feeds the next turn. ``evaluate`` is async so the
+scored :class:`TurnOutcome` whose feedback feeds the next turn. ``score`` is async so the
 rollout side can await many at once while generation continues. The pipeline also takes from here
 the environments' config schemas (its root config composes them), the checks of those configs and
 the one factory that builds an environment inside a sampler actor, so it imports nothing else of
@@ -15,9 +15,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from rewards.config import RewardConfig, ToyEnvConfig  # env schemas the root config composes
 from rewards.scrub import scrub  # the secret scrubber, for text the pipeline writes itself
-from sandbox.config import EvalConfig  # the kernel env's sandbox schema, composed likewise
+from sandbox.config import SandboxConfig  # the kernel env's sandbox schema, composed likewise
 
-__all__ = ["ENVS", "EvalConfig", "RewardConfig", "RewardEnv", "TaskRef", "ToyEnvConfig", "Turn",
+__all__ = ["ENVS", "SandboxConfig", "RewardConfig", "RewardEnv", "TaskRef", "ToyEnvConfig", "Turn",
            "TurnOutcome", "check_env_config", "env_spec", "kernel_env", "scrub"]
 
 ENVS = ("kernel", "toy")  # the root config's ``env`` key: which RewardEnv the samplers build
@@ -45,7 +45,7 @@ class TurnOutcome:
     speedup: float | None = None
     hacks: list[str] = field(default_factory=list)   # names of rules the answer broke
     error_kind: str | None = None      # parse/rule/evaluator error class, None when correct
-    verdict: dict[str, Any] = field(default_factory=dict)  # full evaluator record (EvalResult.to_dict())
+    verdict: dict[str, Any] = field(default_factory=dict)  # full evaluator record (SandboxResult.to_dict())
     # what the environment wants logged for this turn, by metric name; the pipeline reduces each
     # name over the batch's turns that carry it (pipeline.metrics.env_metrics): a name ending in
     # ``_per_min`` logs the sum per minute of the batch's wall time, ``_p50`` the median, any
@@ -73,7 +73,7 @@ class RewardEnv(Protocol):
     def messages(self, task: TaskRef, history: list[Turn]) -> list[dict[str, str]]:
         """Chat messages for the next turn given the finished turns of this trajectory."""
 
-    async def evaluate(self, task: TaskRef, response: str) -> TurnOutcome:
+    async def score(self, task: TaskRef, response: str) -> TurnOutcome:
         """Parse, check rules, run the sandbox, score. Never raises for bad model output."""
 
     async def aclose(self) -> None:

@@ -54,15 +54,15 @@ class ToyEnv:
             msgs.append({"role": "user", "content": turn.feedback})
         return msgs
 
-    def score(self, answer: str) -> float:
+    def answer_score(self, answer: str) -> float:
         return answer.count(self.target) / len(answer) if answer else 0.0
 
-    async def evaluate(self, task: TaskRef, response: str) -> TurnOutcome:
+    async def score(self, task: TaskRef, response: str) -> TurnOutcome:
         if self.delay_s > 0:
             await asyncio.sleep(self.delay_s)
         self.evaluations += 1
         _, summary, answer = split_response(response)
-        s = self.score(answer)
+        s = self.answer_score(answer)
         feedback = (f"Your previous answer scored {s:.3f} (share of '{self.target}'). "
                     "Write a better one.")
         return TurnOutcome(score=s, feedback=feedback, summary=summary, answer=answer,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.build import pch_allowed
-from sandbox.config import EvalConfig
+from sandbox.config import SandboxConfig
 from sandbox.launch import PROJECT_ROOT, Launcher, over_quota, release_transport, scrubbed_env, step_result
 
 # Compile verdicts that depend only on the source: cached with the build.
@@ -27,7 +27,7 @@ CACHEABLE_FAILURES = ("compile_error", "load_error")
 class BuildCache:
     """``await ensure_built(...)``: the compile verdict of an answer, from the cache or a compile step."""
 
-    def __init__(self, cfg: EvalConfig, cache: Path, launcher: Launcher, stats: Counter[str]):
+    def __init__(self, cfg: SandboxConfig, cache: Path, launcher: Launcher, stats: Counter[str]):
         self.cfg, self.cache, self.launcher, self.stats = cfg, cache, launcher, stats
         self.compile_slots = asyncio.Semaphore(cfg.compile_workers)
         self.building: dict[str, asyncio.Task] = {}
@@ -48,7 +48,7 @@ class BuildCache:
     async def drain(self) -> None:
         await asyncio.gather(*self.building.values(), *self.pch_building.values(), return_exceptions=True)
 
-    async def ensure_built(self, bkey: str, cand_src: str, backend: str, arch: str, cfg: EvalConfig,
+    async def ensure_built(self, bkey: str, cand_src: str, backend: str, arch: str, cfg: SandboxConfig,
                             eval_dir: Path) -> dict[str, Any]:
         """The compile verdict for ``bkey``: from the cache, from a build in flight, or by building."""
         marker = self.cache / "builds" / f"{bkey}.json"
@@ -67,7 +67,7 @@ class BuildCache:
         task.add_done_callback(lambda _t: self.building.pop(bkey, None))
         return await asyncio.shield(task)
 
-    async def _build(self, bkey: str, cand_src: str, backend: str, arch: str, cfg: EvalConfig,
+    async def _build(self, bkey: str, cand_src: str, backend: str, arch: str, cfg: SandboxConfig,
                      eval_dir: Path, marker: Path) -> dict[str, Any]:
         async with self.compile_slots:
             lock_fd = await self._lock(self.cache / "builds" / f"{bkey}.lock")

@@ -20,7 +20,7 @@ class Tolerance:
 
 
 @dataclass
-class EvalConfig:
+class SandboxConfig:
     backend: str = MISSING                 # cpu | triton | cuda: used when a call names none
     correctness_trials: int = MISSING      # fresh random inputs and seed per trial
     seed: int = MISSING                    # base seed; trial i uses seed + i
@@ -73,16 +73,16 @@ class EvalConfig:
     keep_workdirs: bool = MISSING          # keep per-evaluation dirs (debugging)
 
 
-def load_default_config(path: str | Path | None = None, **overrides: Any) -> EvalConfig:
+def load_default_config(path: str | Path | None = None, **overrides: Any) -> SandboxConfig:
     """The YAML defaults merged onto the schema, then ``overrides``; a wrong key fails naming it."""
-    schema = OmegaConf.structured(EvalConfig)
+    schema = OmegaConf.structured(SandboxConfig)
     merged = OmegaConf.merge(schema, OmegaConf.load(str(path or DEFAULT_YAML)), OmegaConf.create(overrides))
-    cfg: EvalConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    cfg: SandboxConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     validate(cfg)
     return cfg
 
 
-def validate(cfg: EvalConfig) -> None:
+def validate(cfg: SandboxConfig) -> None:
     if cfg.backend not in BACKENDS:
         raise ValueError(f"sandbox.backend={cfg.backend!r}: expected one of {BACKENDS}")
     for name in ("correctness_trials", "timing_runs", "max_concurrent", "compile_workers", "cpu_threads"):

@@ -10,7 +10,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from sandbox.config import EvalConfig
+from sandbox.config import SandboxConfig
 
 
 def detect_gpus() -> list[tuple[int, str]]:
@@ -35,7 +35,7 @@ def detect_gpus() -> list[tuple[int, str]]:
     return gpus
 
 
-def estimate(fp: dict[str, Any], cfg: EvalConfig) -> int | None:
+def estimate(fp: dict[str, Any], cfg: SandboxConfig) -> int | None:
     """Bytes to admit a step on from the judge's meta-device footprint (sandbox.footprint)."""
     from sandbox.footprint import Footprint, step_estimate
 

@@ -5,7 +5,7 @@ included; it is 2 only when the command itself is wrong (a missing file, a bad o
 
 It runs the sandbox alone: no anti-hack rules and the task file's sizes as written (a task's
 ``CPU_SIZES`` are applied by the reward env's cpu profile, not here). Both are said on stderr;
-``python -m rewards.cli evaluate`` scores an answer as training does.
+``python -m rewards.cli score`` scores an answer as training does.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 from sandbox.config import BACKENDS, load_default_config
-from sandbox.pool import EvalPool
-from sandbox.result import EvalResult
+from sandbox.pool import SandboxPool
+from sandbox.result import SandboxResult
 
 
 def _read(path: str, what: str) -> str:
@@ -27,7 +27,7 @@ def _read(path: str, what: str) -> str:
     return p.read_text()
 
 
-def format_verdict(r: EvalResult) -> str:
+def format_verdict(r: SandboxResult) -> str:
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v:.4f} ms"
 
@@ -61,7 +61,7 @@ def scope_notes(task: str) -> list[str]:
              "applied (python -m rewards.cli check/evaluate applies them)"]
     if "CPU_SIZES" in task:
         notes.append("note: the task's CPU_SIZES are ignored: it runs at the sizes its constants "
-                     "give (python -m rewards.cli evaluate --profile cpu uses CPU_SIZES)")
+                     "give (python -m rewards.cli score --profile cpu uses CPU_SIZES)")
     return notes
 
 
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--task", required=True, help="KernelBench-format task file (class Model, get_inputs, ...)")
     ap.add_argument("--answer", required=True, help="answer file defining class ModelNew")
     ap.add_argument("--backend", choices=BACKENDS, default=None, help="default: sandbox.backend from the config")
-    ap.add_argument("--json", action="store_true", help="print the EvalResult as JSON")
+    ap.add_argument("--json", action="store_true", help="print the SandboxResult as JSON")
     ap.add_argument("--trials", type=int, default=None, help="correctness trials")
     ap.add_argument("--runs", type=int, default=None, help="timed runs (median reported)")
     ap.add_argument("--cache-dir", default=None, help="compile cache (default: a temporary one)")
@@ -95,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides["cache_dir"] = a.cache_dir
     cfg = load_default_config(a.config, **overrides)
 
-    async def run() -> EvalResult:
-        async with EvalPool(cfg) as pool:
+    async def run() -> SandboxResult:
+        async with SandboxPool(cfg) as pool:
             return await pool.evaluate(task, answer, a.backend)
 
     for line in scope_notes(task):

@@ -23,7 +23,7 @@ log = logging.getLogger("sandbox.gpu_probe")
 # never be pid 1 of a namespace that sees the host's /proc); "landlock" drops Landlock altogether
 # (writes and TCP), so it is last: the network namespace is gone by then.
 DROP_ORDER = ("seccomp", "privileges", "landlock_read", "pidns", "landlock_scope", "mountns", "netns", "landlock")
-# The name each measure has in EvalResult.isolation: a level whose measure was not in force changes
+# The name each measure has in SandboxResult.isolation: a level whose measure was not in force changes
 # nothing and is not run.
 _APPLIED_NAME = {"seccomp": "seccomp", "privileges": "caps_dropped", "landlock_read": "landlock_read",
                  "pidns": "pidns", "landlock_scope": "landlock_signal_scope", "mountns": "mountns",

@@ -6,7 +6,7 @@ last reward for minutes. Pure functions of the configuration and a step's outcom
 """
 from __future__ import annotations
 
-from sandbox.config import EvalConfig
+from sandbox.config import SandboxConfig
 from sandbox.launch import StepOutcome
 
 
@@ -21,7 +21,7 @@ def maybe_crowded(out: StepOutcome) -> bool:
     return data.get("error_kind") in ("timeout", "memory_limit") or "out of memory" in text
 
 
-def run_limit(cfg: EvalConfig, ref_ms: float | None) -> float:
+def run_limit(cfg: SandboxConfig, ref_ms: float | None) -> float:
     """The run step's time limit, sized from the task once its reference time is known: the
     configured limit, plus ten times the calls of a step at the reference's speed (a task whose
     forward takes a second must not time out where a millisecond one would not)."""
@@ -31,7 +31,7 @@ def run_limit(cfg: EvalConfig, ref_ms: float | None) -> float:
     return float(cfg.run_timeout_s) + 10.0 * calls * ref_ms / 1000.0
 
 
-def call_limit(cfg: EvalConfig, ref_ms: float | None) -> float | None:
+def call_limit(cfg: SandboxConfig, ref_ms: float | None) -> float | None:
     """One call of the answer, at most, once the reference's time is known: a kernel that never
     ends (an RL policy writes them: a loop bound sampled wrong) then holds its step, its GPU
     reservation and its batch's last reward for ~20 s rather than the whole run limit twice over

@@ -1,4 +1,4 @@
-"""EvalPool: many sandboxed evaluations at once, from an asyncio event loop.
+"""SandboxPool: many sandboxed evaluations at once, from an asyncio event loop.
 
 One evaluation = an optional compile step (a worker process that imports the candidate, so
 ``load_inline`` builds into a content-addressed build dir) and a run step (a fresh worker that
@@ -34,14 +34,14 @@ from typing import Any
 from sandbox import devices
 from sandbox.build import build_key, build_tools, task_key, write_narrow_header
 from sandbox.build_cache import BuildCache, remove_stale_batons
-from sandbox.config import BACKENDS, EvalConfig, validate
+from sandbox.config import BACKENDS, SandboxConfig, validate
 from sandbox.device_gate import DeviceGate
 from sandbox.gpu_probe import IsolationProbe, ProbeVerdict, choose_isolation
 from sandbox.launch import Launcher, kill_group, scrubbed_env, step_result
 from sandbox.limits import call_limit, maybe_crowded, run_limit
-from sandbox.result import EvalResult, mark_refused_build
+from sandbox.result import SandboxResult, mark_refused_build
 
-__all__ = ["EvalPool", "as_eval_config", "scrubbed_env"]
+__all__ = ["SandboxPool", "as_sandbox_config", "scrubbed_env"]
 
 # Per-call overrides of the configuration that make sense for one evaluation.
 _OVERRIDABLE = ("correctness_trials", "seed", "warmup_runs", "timing_runs", "timing_input_sets",
@@ -54,24 +54,24 @@ _EXPECTED_MEASURES = ("landlock_fs", "landlock_read", "pidns", "netns", "seccomp
 log = logging.getLogger("sandbox.pool")
 
 
-def as_eval_config(cfg: Any) -> EvalConfig:
-    """An EvalConfig from itself, or from a Hydra/OmegaConf node or a dict of the same keys."""
-    if isinstance(cfg, EvalConfig):
+def as_sandbox_config(cfg: Any) -> SandboxConfig:
+    """A SandboxConfig from itself, or from a Hydra/OmegaConf node or a dict of the same keys."""
+    if isinstance(cfg, SandboxConfig):
         return cfg
     from omegaconf import OmegaConf
 
-    obj: EvalConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EvalConfig), cfg))  # type: ignore
+    obj: SandboxConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SandboxConfig), cfg))  # type: ignore
     validate(obj)
     return obj
 
 
-class EvalPool:
-    """``await pool.evaluate(ref_src, candidate_src, backend)`` -> :class:`EvalResult`."""
+class SandboxPool:
+    """``await pool.evaluate(ref_src, candidate_src, backend)`` -> :class:`SandboxResult`."""
 
-    def __init__(self, cfg: EvalConfig | Any, isolation_probe: IsolationProbe | None = None):
+    def __init__(self, cfg: SandboxConfig | Any, isolation_probe: IsolationProbe | None = None):
         """``isolation_probe``: what gates GPU run steps when ``gpu_isolation_probe`` is on (default:
         the CUDA probe of sandbox.gpu_probe; tests give one that gates CPU run steps)."""
-        self.cfg = cfg = as_eval_config(cfg)
+        self.cfg = cfg = as_sandbox_config(cfg)
         self.isolation_probe = isolation_probe or IsolationProbe()
         self.probe_verdict: ProbeVerdict | None = None  # set once the probe has decided
         self._probe_lock = asyncio.Lock()
@@ -101,17 +101,17 @@ class EvalPool:
     # --- public -------------------------------------------------------------------------------
 
     async def evaluate(self, ref_src: str, candidate_src: str, backend: str | None = None,
-                       key: str | None = None, **overrides: Any) -> EvalResult:
+                       key: str | None = None, **overrides: Any) -> SandboxResult:
         """Compile (cached), check and time ``candidate_src`` against ``ref_src``. Never raises for
         anything the candidate does; ``key`` labels the evaluation (work dir name, logs)."""
         if self._closed:
-            raise RuntimeError("EvalPool is closed")
+            raise RuntimeError("SandboxPool is closed")
         backend = backend or self.cfg.backend
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r}: expected one of {BACKENDS}")
         unknown = sorted(set(overrides) - set(_OVERRIDABLE))
         if unknown:
-            raise TypeError(f"EvalPool.evaluate: unknown override(s) {unknown}; allowed: {list(_OVERRIDABLE)}")
+            raise TypeError(f"SandboxPool.evaluate: unknown override(s) {unknown}; allowed: {list(_OVERRIDABLE)}")
         cfg = dataclasses.replace(self.cfg, **overrides)
         async with self._slots:
             t0 = time.monotonic()
@@ -146,7 +146,7 @@ class EvalPool:
         if self._own_cache:
             await asyncio.to_thread(shutil.rmtree, self.cache, True)
 
-    async def __aenter__(self) -> "EvalPool":
+    async def __aenter__(self) -> "SandboxPool":
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -155,14 +155,14 @@ class EvalPool:
     # --- one evaluation -----------------------------------------------------------------------
 
     async def _evaluate(self, ref_src: str, cand_src: str, backend: str, key: str | None,
-                        cfg: EvalConfig) -> EvalResult:
+                        cfg: SandboxConfig) -> SandboxResult:
         gpus = await self._gpu_list() if backend in ("cuda", "triton") else []
         if backend == "cuda" and not gpus:
-            return EvalResult.failure("sandbox_error", "the cuda backend needs a GPU and none is visible",
+            return SandboxResult.failure("sandbox_error", "the cuda backend needs a GPU and none is visible",
                                       backend=backend)
         problem = devices.interpreter_problem() if backend == "triton" and not gpus else None
         if problem:  # the judge's environment, never the answer's fault
-            return EvalResult.failure("sandbox_error", problem, backend=backend)
+            return SandboxResult.failure("sandbox_error", problem, backend=backend)
         on_gpu = bool(gpus)
         arch = cfg.cuda_arch or (gpus[0][1] if gpus else "")
         bkey = build_key(cand_src, backend, arch, await self._torch(), await asyncio.to_thread(build_tools))
@@ -171,7 +171,7 @@ class EvalPool:
         try:
             compiled = await self._builds.ensure_built(bkey, cand_src, backend, arch, cfg, eval_dir)
             if compiled.get("error_kind"):
-                res = EvalResult.from_dict({**compiled, "backend": backend, "trials": cfg.correctness_trials})
+                res = SandboxResult.from_dict({**compiled, "backend": backend, "trials": cfg.correctness_trials})
                 res.cache_hit = bool(compiled.get("cache_hit"))
                 return res
             device_name = f"cuda:{arch}" if on_gpu else "cpu"
@@ -192,8 +192,8 @@ class EvalPool:
             if not cfg.keep_workdirs:
                 await asyncio.to_thread(shutil.rmtree, eval_dir, True)
 
-    async def _run(self, ref_src: str, cand_src: str, backend: str, bkey: str, arch: str, cfg: EvalConfig,
-                   eval_dir: Path, eval_id: str, on_gpu: bool, ref_ms: float | None, tkey: str) -> EvalResult:
+    async def _run(self, ref_src: str, cand_src: str, backend: str, bkey: str, arch: str, cfg: SandboxConfig,
+                   eval_dir: Path, eval_id: str, on_gpu: bool, ref_ms: float | None, tkey: str) -> SandboxResult:
         # a run step killed while torch held its build lock would stall every later load
         await asyncio.to_thread(remove_stale_batons, self.cache / "builds" / bkey, 120.0)
         gpu_index = self._pick_gpu() if on_gpu else None
@@ -212,9 +212,9 @@ class EvalPool:
         self._gpu_load[index] += 1
         return index
 
-    async def _run_on(self, ref_src: str, cand_src: str, backend: str, bkey: str, arch: str, cfg: EvalConfig,
+    async def _run_on(self, ref_src: str, cand_src: str, backend: str, bkey: str, arch: str, cfg: SandboxConfig,
                       eval_dir: Path, eval_id: str, on_gpu: bool, ref_ms: float | None, gate: DeviceGate | None,
-                      gpu_index: int | None, tkey: str) -> EvalResult:
+                      gpu_index: int | None, tkey: str) -> SandboxResult:
         drop: tuple[str, ...] = ()
         if cfg.gpu_isolation_probe and self.isolation_probe.applies(backend, on_gpu):
             drop = (await self._probe(backend, gate, arch, cfg, eval_dir)).dropped
@@ -293,7 +293,7 @@ class EvalPool:
             self._cpu_gate = DeviceGate((None, "host"), self.cfg.cpu_run_slots, self.cfg.admission_overtake_s)
         return self._cpu_gate
 
-    def _learn_footprint(self, tkey: str, profile: Any, cfg: EvalConfig) -> None:
+    def _learn_footprint(self, tkey: str, profile: Any, cfg: SandboxConfig) -> None:
         """What a run step of this task reserves on its GPU, from a step that ran alone: the judge's
         peak (inputs, check set, outputs it holds), the reference runner's peak twice (the
         candidate is assumed alike; the NaN poison it frees first counted on top), and a CUDA context
@@ -305,7 +305,7 @@ class EvalPool:
             return
         self._footprints[tkey] = judge + 2 * ref + cfg.poison_bytes + 3 * cfg.gpu_context_bytes
 
-    async def _probe(self, backend: str, gate: DeviceGate | None, arch: str, cfg: EvalConfig,
+    async def _probe(self, backend: str, gate: DeviceGate | None, arch: str, cfg: SandboxConfig,
                      eval_dir: Path) -> ProbeVerdict:
         """Once per pool, before the first gated run step: the isolation the device survives."""
         async with self._probe_lock:
@@ -319,7 +319,7 @@ class EvalPool:
                 if grant is not None:
                     await gate.release(grant)  # type: ignore[union-attr]
 
-    async def _probe_holding(self, backend: str, gpu: tuple[int, str] | None, arch: str, cfg: EvalConfig,
+    async def _probe_holding(self, backend: str, gpu: tuple[int, str] | None, arch: str, cfg: SandboxConfig,
                              eval_dir: Path) -> ProbeVerdict:
         async def run(dropped: tuple[str, ...]) -> tuple[bool, str, list[str] | None]:
             req = dict(mode="probe", probe_src=self.isolation_probe.src, backend=backend,
@@ -375,7 +375,7 @@ class EvalPool:
         (self.cache / "refs" / f"{tkey}.json").write_text(json.dumps({"ref_runtime_ms": ms}))
 
 
-def gpu_gate_budget(memory: int, cfg: EvalConfig) -> tuple[int, int]:
+def gpu_gate_budget(memory: int, cfg: SandboxConfig) -> tuple[int, int]:
     """A GPU gate's admission budget and warm slots: ``gpu_memory_share`` of the GPU's memory,
     less the room of the CUDA contexts (three a step) that the ``gpu_warm_steps`` steps at the head
     of its admission queue start before admission. Share 0 (or an unknown size): budget 1 and no

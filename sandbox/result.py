@@ -30,7 +30,7 @@ ERROR_KINDS = (
 
 
 @dataclass
-class EvalResult:
+class SandboxResult:
     """Verdict of one candidate against one reference."""
 
     stage: str = "load"
@@ -64,16 +64,16 @@ class EvalResult:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "EvalResult":
+    def from_dict(cls, d: dict[str, Any]) -> "SandboxResult":
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
     @classmethod
-    def failure(cls, kind: str, message: str, stage: str = "load", **kw: Any) -> "EvalResult":
+    def failure(cls, kind: str, message: str, stage: str = "load", **kw: Any) -> "SandboxResult":
         return cls(stage=stage, error_kind=kind, error=message, **kw)
 
 
-def mark_refused_build(result: EvalResult) -> EvalResult:
+def mark_refused_build(result: SandboxResult) -> SandboxResult:
     """``result`` with :data:`REFUSED_BUILD` in its flags when the build hook refused a call.
 
     The hook raises inside the candidate's process, which reports the step as compile_error,

@@ -1,6 +1,6 @@
 """Self-check of the sandbox on a real device: ``python -m sandbox.selfcheck --backend cuda --out DIR``.
 
-Runs a built-in set of correct, wrong and adversarial answers through :class:`EvalPool`, prints a
+Runs a built-in set of correct, wrong and adversarial answers through :class:`SandboxPool`, prints a
 table (expected vs got) and writes ``DIR/selfcheck.json``. Exit code 1 when any row differs from
 what it should be. ``--backend cpu`` runs the CPU set (what CI covers in tests/sandbox).
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox.config import load_default_config
-from sandbox.pool import EvalPool
+from sandbox.pool import SandboxPool
 
 ADD_TASK = '''
 import torch
@@ -181,7 +181,7 @@ async def run_cases(cases: list[Case], cfg_overrides: dict) -> list[dict]:
     one run step at a time, so timings are not disturbed; a row is printed as soon as it is done."""
     cfg = load_default_config(**cfg_overrides)
 
-    async def one(pool: EvalPool, case: Case) -> dict:
+    async def one(pool: SandboxPool, case: Case) -> dict:
         t = time.monotonic()
         res = await pool.evaluate(case.task, case.answer, case.backend, key=case.name)
         ok = res.error_kind == case.expect and (res.correct == (case.expect is None))
@@ -199,7 +199,7 @@ async def run_cases(cases: list[Case], cfg_overrides: dict) -> list[dict]:
               f"{row['wall_s']} s)", flush=True)
         return row
 
-    async with EvalPool(cfg) as pool:
+    async with SandboxPool(cfg) as pool:
         rows = list(await asyncio.gather(*[one(pool, case) for case in cases]))
         verdict = pool.probe_verdict  # the GPU isolation probe's choice, when it ran
         rows.append({"case": "_stats", "stats": pool.stats(),

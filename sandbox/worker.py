@@ -1,6 +1,6 @@
 """The outer process of one step: ``python -m sandbox.worker`` (a sandbox.wire.StepRequest on stdin).
 
-Writes exactly one line on stdout: the result JSON (an EvalResult dict plus internal keys), after
+Writes exactly one line on stdout: the result JSON (a SandboxResult dict plus internal keys), after
 a tag that proves the line is this process's (sandbox.wire.result_line).
 
 It applies limits and namespaces, forks the judge (sandbox/judge.py, which forks the runners in a

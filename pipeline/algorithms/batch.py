@@ -112,8 +112,8 @@ def build_train_batch(samples: list[Sample], cfg: Any, max_response_length: int,
     trainable = [s for s in samples if s.finish_reason != "error" and s.response_ids]
     metrics["batch/gen_errors"] = float(len(samples) - len(trainable))
     rets_all = torch.tensor([s.ret for s in samples])
-    metrics["reward/return_mean"] = float(rets_all.mean())
-    metrics["reward/return_max"] = float(rets_all.max())
+    metrics["critic/returns/mean"] = float(rets_all.mean())
+    metrics["critic/returns/max"] = float(rets_all.max())
     trainable.sort(key=lambda s: (s.step, s.task_id, s.traj, s.turn))
     n = len(trainable)
     if n == 0:

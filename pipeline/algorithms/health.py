@@ -31,22 +31,22 @@ def rollout_metrics(samples: list[Sample], cfg: Any) -> dict[str, float]:
     lengths = [float(len(s.response_ids)) for s in samples]
     n = len(samples)
     out = {
-        "reward/mean": _mean(scores),
-        "reward/std": (_mean([(x - _mean(scores)) ** 2 for x in scores])) ** 0.5,
-        "reward/max": max(scores),
-        "reward/min": min(scores),
-        "reward/positive_frac": sum(1 for x in scores if x > 0) / n,
-        "response/length_mean": _mean(lengths),
-        "response/length_max": max(lengths),
-        "response/truncated_frac": sum(1 for s in samples if s.truncated) / n,
+        "critic/score/mean": _mean(scores),
+        "critic/score/std": (_mean([(x - _mean(scores)) ** 2 for x in scores])) ** 0.5,
+        "critic/score/max": max(scores),
+        "critic/score/min": min(scores),
+        "critic/score/positive_frac": sum(1 for x in scores if x > 0) / n,
+        "response_length/mean": _mean(lengths),
+        "response_length/max": max(lengths),
+        "response_length/clip_ratio": sum(1 for s in samples if s.truncated) / n,
     }
     texts = [s for s in samples if s.response_text]
-    out["response/not_okay_ratio"] = (
+    out["response_length/not_okay_ratio"] = (
         sum(1 for s in texts if not reasoning_starts_with(s.response_text, cfg.not_okay_prefix)) / len(texts)
         if texts else 0.0)
     by_turn: dict[int, list[float]] = {}
     for s in samples:
         by_turn.setdefault(s.turn, []).append(float(s.score))
     if len(by_turn) > 1:
-        out.update({f"reward/turn{t}_mean": _mean(v) for t, v in sorted(by_turn.items())})
+        out.update({f"critic/score/turn{t}_mean": _mean(v) for t, v in sorted(by_turn.items())})
     return out

@@ -95,7 +95,7 @@ def policy_loss(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: 
                "actor/pg_clipfrac_high": high, "actor/pg_clipfrac_low": low,
                "actor/ppo_kl": vm["actor/ppo_kl"]}
     if cfg.clip_ratio_c is not None:
-        metrics["actor/pg_clipfrac_dual"] = vm["actor/pg_clipfrac_lower"]
+        metrics["actor/pg_clipfrac_lower"] = vm["actor/pg_clipfrac_lower"]
     loss = pg_loss
     if entropy is not None:
         metrics["actor/entropy"] = float(masked_mean(entropy.detach(), mask))

@@ -13,17 +13,13 @@ first P columns, response right-padded into the last R); the rest is transformer
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from pipeline.algorithms.batch import TrainBatch
-
 
 @dataclass
 class PackedRows:
-    rows: list[int]               # batch rows packed, in order
     input_ids: torch.Tensor       # [1, T] long
     position_ids: torch.Tensor    # [1, T] long, 0.. per sequence
     cu_seqlens: torch.Tensor      # [n+1] int32: sequence i is tokens [cu[i], cu[i+1])
@@ -47,15 +43,15 @@ class PackedRows:
 
 
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor,
-         prompt_len: int, rows: Sequence[int] | None = None) -> PackedRows:
-    """Pack ``[n, P+R]`` rows laid out as :class:`TrainBatch` rows (``prompt_len`` = P)."""
+         prompt_len: int) -> PackedRows:
+    """Pack ``[n, P+R]`` rows laid out as ``TrainBatch`` rows (``prompt_len`` = P)."""
     P = prompt_len
     keep = attention_mask.bool()
     lengths = keep.sum(1)
     n_prompt = keep[:, :P].sum(1)
     if bool((n_prompt == 0).any()):
         r = int(torch.nonzero(n_prompt == 0)[0])
-        raise ValueError(f"row {r if rows is None else rows[r]} has no prompt token: nothing "
+        raise ValueError(f"row {r} has no prompt token: nothing "
                          "predicts its first response token")
     ends = lengths.cumsum(0)
     starts = ends - lengths
@@ -70,16 +66,8 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: t
     cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     cu[1:] = ends.to(torch.int32)
     return PackedRows(
-        rows=list(range(len(lengths))) if rows is None else [int(r) for r in rows],
         input_ids=input_ids[keep].unsqueeze(0), position_ids=positions.unsqueeze(0),
         cu_seqlens=cu, max_seqlen=int(lengths.max()) if len(lengths) else 0,
         logit_index=logit_index, response_present=present, response_ids=input_ids[:, P:],
         response_mask=response_mask)
 
-
-def pack_rows(batch: TrainBatch, rows: Sequence[int] | None = None) -> PackedRows:
-    """Pack ``rows`` (default: all) of a right/left-padded :class:`TrainBatch`."""
-    rows = list(range(len(batch))) if rows is None else [int(r) for r in rows]
-    idx = torch.tensor(rows, dtype=torch.long)
-    return pack(batch.input_ids[idx], batch.attention_mask[idx], batch.response_mask[idx],
-                batch.prompt_len, rows)

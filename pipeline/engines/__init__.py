@@ -6,10 +6,10 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.engines.base import Engine, EngineAsleep, Generation, SamplingParams
+from pipeline.engines.base import Engine, Generation, SamplingParams
 from pipeline.engines.config import ENGINE_TYPES, EngineConfig, HFEngineConfig, VLLMEngineConfig
 
-__all__ = ["ENGINE_TYPES", "Engine", "EngineAsleep", "EngineConfig", "Generation", "HFEngineConfig",
+__all__ = ["ENGINE_TYPES", "Engine", "EngineConfig", "Generation", "HFEngineConfig",
            "SamplingParams", "VLLMEngineConfig", "make_engine"]
 
 

@@ -43,14 +43,10 @@ class Generation:
         return cls(token_ids=[], logprobs=[], finish_reason="error", error=error, version=version)
 
 
-class EngineAsleep(RuntimeError):
-    """``generate`` was called between ``sleep()`` and ``wake()``."""
-
-
 def request_error(asleep: bool, prompt_ids: list[int], params: SamplingParams) -> str | None:
     """Why a request cannot be generated at all (every engine checks the same), or None."""
     if asleep:
-        return f"{EngineAsleep.__name__}: generate() between sleep() and wake()"
+        return "EngineAsleep: generate() between sleep() and wake()"
     if not prompt_ids:
         return "empty prompt"
     if params.max_tokens < 1:

@@ -2,7 +2,7 @@
 from pipeline.models.config import ModelConfig, TinyArchConfig
 from pipeline.models.load import (check_checkpoint_dir, load_model_and_tokenizer, load_model_config,
                                   load_tokenizer)
-from pipeline.models.tiny import build_tiny, save_tiny_checkpoint
+from pipeline.models.tiny import build_tiny
 
 __all__ = ["ModelConfig", "TinyArchConfig", "build_tiny", "check_checkpoint_dir",
-           "load_model_and_tokenizer", "load_model_config", "load_tokenizer", "save_tiny_checkpoint"]
+           "load_model_and_tokenizer", "load_model_config", "load_tokenizer"]

@@ -4,14 +4,9 @@ The tokenizer is a byte-level BPE trained (in milliseconds, deterministically) o
 built-in corpus of Python / CUDA / chat text, wrapped as ``PreTrainedTokenizerFast`` with a
 Qwen-style chat template (``<|im_start|>role\\n...<|im_end|>``). Any byte string round-trips, so
 the environments' prompts and feedback tokenise like they would for a real model.
-
-``save_tiny_checkpoint(dir)`` writes an ordinary HF directory that
-``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained`` (and vLLM) load,
-so the tiny and the real model share one loading path.
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -123,17 +118,6 @@ def build_tiny_model(arch: Any, tokenizer: Any) -> Any:
 def build_tiny(arch: Any) -> tuple[Any, Any]:
     tokenizer = build_tiny_tokenizer(arch.vocab_size, arch.tokenizer_corpus)
     return build_tiny_model(arch, tokenizer), tokenizer
-
-
-def save_tiny_checkpoint(directory: str, arch: Any | None = None) -> str:
-    """Write the tiny model + tokenizer as an HF checkpoint directory; returns ``directory``."""
-    if arch is None:
-        arch = default_tiny_arch()
-    model, tokenizer = build_tiny(arch)
-    os.makedirs(directory, exist_ok=True)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
 
 
 def default_tiny_arch() -> Any:

@@ -92,7 +92,7 @@ class TrainerWorker:
                 "remove_padding": self.packed, "liger": self.liger,
                 "compile_head": bool(self.cfg.compile_head and self.cfg.logprob_chunk_tokens > 0),
                 "attn_implementation": self.model.config._attn_implementation,
-                # for perf/mfu/actor: the peak FLOP/s of this GPU model (pipeline/metric_names.py)
+                # for perf/mfu/actor: the peak FLOP/s of this GPU model (pipeline.metrics.peak_flops)
                 "device_name": torch.cuda.get_device_name(self.device) if self.on_gpu else None}
 
     def _build_model(self, resume_dir: str | None) -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 CORPUS_ROOT = Path(__file__).resolve().parent
 BACKENDS = ("cpu", "cuda", "triton")
-# variant name -> the sandbox's verdict for it ("correct" or the EvalResult/TurnOutcome error_kind)
+# variant name -> the sandbox's verdict for it ("correct" or the SandboxResult/TurnOutcome error_kind)
 VARIANTS: dict[str, str] = {
     "fast": "correct",
     "slow": "correct",

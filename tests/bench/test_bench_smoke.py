@@ -59,9 +59,9 @@ def _history(k, steps=6, gen=1.0, train=1.0):
     for s in range(steps):
         g = 0.0 if k and s >= steps - k else gen
         step = (g + train) if k == 0 else max(g, train)
-        out.append({"step": s, "timing/step": step + 0.1 * (s % 2), "timing/gen": g * 0.8,
-                    "timing/reward_tail": g * 0.2, "timing/gen_total": g, "timing/train": train,
-                    "timing/weight_sync": 0.0, "timing/eval_p95": 0.4 if g else 0.0,
+        out.append({"step": s, "timing_s/step": step + 0.1 * (s % 2), "timing_s/gen": g * 0.8,
+                    "timing_s/reward": g * 0.2, "timing_s/gen_total": g, "timing_s/train": train,
+                    "timing_s/update_weights": 0.0, "timing_s/eval_p95": 0.4 if g else 0.0,
                     "pipeline/policy_lag": float(min(s, k))})
     return out
 
@@ -94,11 +94,11 @@ def test_pipeline_bench_busy_shares_of_the_steady_window():
         t = 2.5 * s
         tl.add("sampler", "gen", s, t, t + 1.0)
         tl.add("trainer", "train", s, t + 1.0, t + 2.0)
-        tl.add("sync", "sync", s, t + 2.0, t + 2.5)
+        tl.add("push", "push", s, t + 2.0, t + 2.5)
     hist = [{"step": s} for s in range(4)]
     busy = busy_shares(tl, hist, hist[1:3])  # window: end of push 0 (2.5) -> end of push 2 (7.5)
     assert busy == {"busy_sampler": pytest.approx(0.4), "busy_reward": 0.0,
-                    "busy_trainer": pytest.approx(0.4), "busy_sync": pytest.approx(0.2)}
+                    "busy_trainer": pytest.approx(0.4), "busy_push": pytest.approx(0.2)}
 
 
 def test_stored_answers_parse_pass_the_rules_and_keep_their_share():
@@ -186,13 +186,12 @@ def test_pipeline_bench_keeps_what_a_cut_run_logged(tmp_path, monkeypatch):
     import sys
 
     from bench import pipeline as bp
-    from pipeline.metric_names import logged_name
 
     def cut_run(k, overrides, run_dir, env_factory=None):  # a run its call's limit stopped in step 3
         run_dir.mkdir(parents=True)
         with open(run_dir / "metrics.jsonl", "w") as f:
             for h in _history(k)[:3]:
-                f.write(json.dumps({logged_name(key): v for key, v in h.items()}) + "\n")
+                f.write(json.dumps(h) + "\n")
         raise RuntimeError("the trainer was lost after a stop was requested")
 
     monkeypatch.setattr(bp, "run_k", cut_run)
@@ -204,7 +203,7 @@ def test_pipeline_bench_keeps_what_a_cut_run_logged(tmp_path, monkeypatch):
     got = json.loads(out.read_text())
     assert [r["k"] for r in got["rows"]] == [0]  # k = 1 was not started after the cut
     assert "RuntimeError" in got["cut"]["0"] and [h["step"] for h in got["history"]["0"]] == [0, 1, 2]
-    assert got["rows"][0]["step_s"] == pytest.approx(_history(0)[1]["timing/step"])
+    assert got["rows"][0]["step_s"] == pytest.approx(_history(0)[1]["timing_s/step"])
 
 
 def test_gc_pauses_are_counted_and_taken_once():

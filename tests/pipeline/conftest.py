@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 from typing import Any
 
@@ -8,6 +9,20 @@ from pipeline.models import load_model_and_tokenizer, load_model_config
 from pipeline.rollout_config import load_rollout_config
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def save_tiny_checkpoint(directory: str, arch: Any | None = None) -> str:
+    """The tiny model + tokenizer as an ordinary HF checkpoint directory (what ``model=local`` and
+    vLLM load), for tests of the path a real checkpoint takes; returns ``directory``."""
+    from pipeline.models.tiny import build_tiny, default_tiny_arch
+
+    if arch is None:
+        arch = default_tiny_arch()
+    model, tokenizer = build_tiny(arch)
+    os.makedirs(directory, exist_ok=True)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
 
 
 def group(schema: type, name: str, **overrides: Any) -> Any:

@@ -75,7 +75,7 @@ def test_laptop_evaluates_its_one_task_and_holdout_says_what_to_change(tmp_path)
 
 def _fake_run(run: Path) -> Path:
     """A training run's files and a checkpoint whose model is the tiny Qwen2 in HF format."""
-    from pipeline.models.tiny import save_tiny_checkpoint
+    from tests.pipeline.conftest import save_tiny_checkpoint
     from pipeline.models import load_model_config
 
     ckpt = run / "checkpoints" / "step_000003"
@@ -128,7 +128,7 @@ def test_a_second_sweep_starts_fresh_and_an_own_model_runs_on_cpu(tmp_path):
     was refused before). The second one runs an own HF model dir (model=local) on the CPU: the
     laptop profile, the hf engine's keys only (one end-to-end run for items 2 and 3)."""
     from pipeline.models import load_model_config
-    from pipeline.models.tiny import save_tiny_checkpoint
+    from tests.pipeline.conftest import save_tiny_checkpoint
 
     own = save_tiny_checkpoint(str(tmp_path / "hf"), load_model_config("tiny").tiny)
     args = ["-m", "+experiment=toy", "algorithm.gamma=0.6", "pipeline.steps=1", *SMALL]
@@ -235,7 +235,7 @@ def test_own_model_on_cpu_gets_the_laptop_profile_and_only_hf_keys(tmp_path):
 
     from pipeline.config import resolved_profile
     from pipeline.models import load_model_config
-    from pipeline.models.tiny import save_tiny_checkpoint
+    from tests.pipeline.conftest import save_tiny_checkpoint
 
     if torch.cuda.is_available():
         pytest.skip("a CPU box's profile")

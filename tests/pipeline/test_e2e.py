@@ -73,7 +73,7 @@ def test_kernel_env_laptop_default(ray_local, tmp_path):
                       "rollout.max_response_length=48", "rollout.n_trajectories=4"), tmp_path)
     lines = metrics_lines(tmp_path)
     assert [m["step"] for m in lines] == [0, 1]
-    assert "score/parse_ok" in last and 0.0 <= last["score/parse_ok"] <= 1.0
+    assert "kernel/parse_ok" in last and 0.0 <= last["kernel/parse_ok"] <= 1.0
     assert (tmp_path / "checkpoints" / "step_000001" / "optimizer.pt").exists()
     assert (tmp_path / "timeline.png").exists()
 

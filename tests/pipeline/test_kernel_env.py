@@ -45,7 +45,7 @@ async def test_kernel_env_later_prompts_drop_the_reasoning(kernel_env, tiny):
     response = ("<think>\nOkay, SECRET-REASONING about tiling.\n</think>\n"
                 "I fused the ops into one loop.\n```python\nimport torch\n\nclass ModelNew(torch.nn.Module):\n"
                 "    def forward(self, x):\n        return torch.relu(x)\n```\n")
-    outcome = await kernel_env.evaluate(task, response)  # torch compute in forward: a rule, no compile
+    outcome = await kernel_env.score(task, response)  # torch compute in forward: a rule, no compile
     assert outcome.score == 0.0 and outcome.hacks
     ids, _ = fit_prompt(tok, kernel_env, task, [Turn(outcome.summary, outcome.answer, outcome.feedback)],
                         max_len=100_000)

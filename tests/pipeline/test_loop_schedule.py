@@ -230,7 +230,7 @@ def test_samples_over_the_bound_are_dropped_or_regenerated(tmp_path, policy):
 def test_staleness_aliases_and_errors():
     assert resolve_staleness("sync", 1) == 0 and resolve_staleness("one_off", 1) == 1
     assert resolve_staleness(None, 3) == 3 and resolve_staleness("sync", 0) == 0
-    with pytest.raises(ValueError, match="keep only max_staleness"):
+    with pytest.raises(ValueError, match="keep one of them"):
         resolve_staleness("sync", 3)
     with pytest.raises(ValueError, match="pipeline.max_staleness=-1"):
         resolve_staleness(None, -1)
@@ -249,16 +249,16 @@ def test_lag_histogram_and_mismatch_numbers():
     sampler = torch.tensor([[-1.5, -1.0, 0.0]])
     acc.add(trainer, sampler, torch.tensor([[1.0, 1.0, 0.0]]))
     out = MismatchStats.metrics(acc.as_vector(), acc.abs_max)
-    assert out["mismatch/kl"] == pytest.approx((-0.5 + 1.0) / 2)
+    assert out["rollout_corr/kl"] == pytest.approx((-0.5 + 1.0) / 2)
     assert out["mismatch/abs_logprob_diff_mean"] == pytest.approx(0.75)
     assert out["mismatch/abs_logprob_diff_max"] == pytest.approx(1.0)
     r = torch.exp(torch.tensor([0.5, -1.0]))
-    assert out["mismatch/k3_kl"] == pytest.approx(float((r - torch.log(r) - 1).mean()))
+    assert out["rollout_corr/k3_kl"] == pytest.approx(float((r - torch.log(r) - 1).mean()))
 
 
 @pytest.mark.parametrize("overrides, named", [
     (["pipeline.max_staleness=-1"], "pipeline.max_staleness=-1"),
-    (["pipeline.mode=sync", "pipeline.max_staleness=3"], "keep only max_staleness"),
+    (["pipeline.mode=sync", "pipeline.max_staleness=3"], "keep one of them"),
     (["pipeline.staleness_policy=skip"], "pipeline.staleness_policy='skip'"),
 ])
 def test_config_check_names_the_staleness_keys(overrides, named):

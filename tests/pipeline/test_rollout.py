@@ -32,7 +32,7 @@ async def test_multi_turn_episodes_fill_every_sample_field(engine, tiny):
         assert s.prompt_ids and s.response_ids and len(s.logprobs) == len(s.response_ids)
         assert len(s.response_ids) <= 12 and s.finish_reason in ("stop", "length")
         assert s.response_text == tok.decode(s.response_ids, skip_special_tokens=True)
-        assert s.score == pytest.approx(env.score(s.outcome.answer))
+        assert s.score == pytest.approx(env.answer_score(s.outcome.answer))
         assert s.outcome.feedback.startswith("Your previous answer scored")
         assert s.t_gen_start <= s.t_gen_end <= s.t_eval_end and s.error is None
     by_traj = {(s.task_id, s.traj): sorted([x for x in seen if (x.task_id, x.traj) == (s.task_id, s.traj)],
@@ -42,7 +42,7 @@ async def test_multi_turn_episodes_fill_every_sample_field(engine, tiny):
         assert first.outcome.feedback in text and text.startswith(tok.decode(first.prompt_ids)[:40])
         assert second.t_gen_start >= first.t_eval_end  # the next turn waits for its own feedback
     m = batch.stats.metrics()
-    assert m["rollout/samples"] == 12 and m["timing/gen"] > 0 and m["response/length_mean"] > 0
+    assert m["rollout/samples"] == 12 and m["timing_s/gen"] > 0 and m["response_length/mean"] > 0
 
 
 async def test_a_batch_templates_each_distinct_prompt_once(engine, tiny):
@@ -82,7 +82,7 @@ def test_later_prompts_keep_feedback_summary_and_answer_not_the_reasoning(tiny):
     env = ToyEnv()
     task = env.tasks("train")[0]
     response = "<think>\nOkay, SECRET-REASONING here.\n</think>\nSummary: wrote many a\naaaa bbb"
-    outcome = asyncio.run(env.evaluate(task, response))
+    outcome = asyncio.run(env.score(task, response))
     assert outcome.summary == "wrote many a" and outcome.answer == "aaaa bbb"
     ids, dropped = fit_prompt(tok, env, task, [Turn(outcome.summary, outcome.answer, outcome.feedback)],
                               max_len=4096)
@@ -135,10 +135,10 @@ async def test_chunks_hand_over_an_engine_batch_at_once(tiny):
 class CrashingEnv(ToyEnv):
     """An evaluator that dies on one task: its trajectories stop, the batch completes."""
 
-    async def evaluate(self, task, response):
+    async def score(self, task, response):
         if task.task_id.endswith("/1"):
             raise RuntimeError("evaluator process died")
-        return await super().evaluate(task, response)
+        return await super().score(task, response)
 
 
 async def test_evaluator_crash_gives_zero_scored_samples_and_the_batch_completes(engine, tiny):

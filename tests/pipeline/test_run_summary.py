@@ -43,7 +43,7 @@ def test_a_batch_with_different_scores_trains():
 
 
 def test_summary_line_reports_first_and_last_steps():
-    hist = [{"step": i, "reward/mean": r, "score/correct": c, "score/speedup_mean": s,
+    hist = [{"step": i, "critic/score/mean": r, "kernel/correct": c, "kernel/speedup_mean": s,
              "actor/skipped": k} for i, (r, c, s, k) in
             enumerate([(0.2, 0.25, 0.9, 0.0), (0.4, 0.5, 1.0, 0.0), (0.6, 0.5, 1.1, 1.0), (1.0, 0.75, 1.3, 0.0)])]
     line = summary_line(hist)

@@ -159,7 +159,8 @@ def test_a_saved_tiny_tokenizer_splits_text_as_the_one_it_was_built_as(tmp_path)
     """A warm start is saved and reloaded from an HF directory: its tokenizer must give the ids the
     model was trained on (AutoTokenizer alone picks Qwen2Tokenizer there, which splits differently)."""
     from pipeline.models.load import load_tokenizer
-    from pipeline.models.tiny import build_tiny_tokenizer, save_tiny_checkpoint
+    from pipeline.models.tiny import build_tiny_tokenizer
+    from tests.pipeline.conftest import save_tiny_checkpoint
 
     directory = save_tiny_checkpoint(str(tmp_path / "tiny"))
     text = corpus_conversations("cpu")[0].response

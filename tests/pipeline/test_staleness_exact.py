@@ -173,6 +173,6 @@ def test_max_staleness_equals_the_old_schedule(tmp_path, k):
             assert torch.equal(w, ref_weights[step][name]), (step, name)
     assert len({u for s in samples for u in s}) == STEPS * TASKS * 4  # distinct batches
     assert [h["pipeline/policy_lag"] for h in history] == [0.0] + [float(k)] * (STEPS - 1)
-    assert all("mismatch/k3_kl" in h for h in history)
+    assert all("rollout_corr/k3_kl" in h for h in history)
     if k == 0:  # the sampler holds the trainer's weights: only the engine's numerics differ
         assert history[0]["mismatch/abs_logprob_diff_max"] < 1e-3

@@ -20,7 +20,7 @@ def test_overlap_and_image(tmp_path):
     tl.add("sampler", "gen", 1, 11.0, 13.0)
     tl.add("sampler", "gen", 2, 15.0, 16.0)
     tl.add_rewards(1, [(12.0, 12.5), (12.2, 13.5), (14.0, 14.2)])
-    tl.add("sync", "sync", 0, 14.0, 14.3)
+    tl.add("push", "push", 0, 14.0, 14.3)
     assert tl.overlap("train", 0, "gen", 1) == pytest.approx(2.0)
     assert tl.overlap("train", 0, "gen", 2) == 0.0
     assert [(s.start, s.end) for s in tl.of("reward", 1)] == [(12.0, 13.5), (14.0, 14.2)]
@@ -34,7 +34,7 @@ def test_overlap_and_image(tmp_path):
     assert tl.busy("trainer", 11.0, 15.0) == pytest.approx(3.0 / 4)
     assert tl.busy("sampler", 11.0, 15.0) == pytest.approx(2.0 / 4)
     assert tl.busy("reward", 11.0, 15.0) == pytest.approx((1.5 + 0.2) / 4)
-    assert tl.busy("sync", 15.0, 15.0) == 0.0
+    assert tl.busy("push", 15.0, 15.0) == 0.0
 
 
 def test_merge_intervals():
@@ -55,9 +55,9 @@ def test_score_metrics_from_outcomes():
         _sample(3, 2.3, parse_ok=True, compiled=True, correct=True, speedup=2.0),
     ]
     m = score_metrics(samples)
-    assert m["score/parse_ok"] == 0.75 and m["score/compiled"] == 0.5 and m["score/correct"] == 0.5
-    assert m["score/speedup_mean"] == pytest.approx(1.4)
-    assert m["score/fast_1"] == 0.25
+    assert m["kernel/parse_ok"] == 0.75 and m["kernel/compiled"] == 0.5 and m["kernel/correct"] == 0.5
+    assert m["kernel/speedup_mean"] == pytest.approx(1.4)
+    assert m["kernel/fast_1"] == 0.25
     assert m["hack/torch_op"] == 0.25 and m["error/compile_error"] == 0.25
 
 

@@ -13,7 +13,7 @@ import uuid
 import psutil
 import pytest
 
-from sandbox.pool import EvalPool
+from sandbox.pool import SandboxPool
 from tests.sandbox.conftest import fixture_source
 
 RELU = fixture_source("tasks/relu.py")
@@ -98,7 +98,7 @@ CONTAMINATION = {
 @pytest.mark.parametrize("name", sorted(CONTAMINATION))
 async def test_hostile_answer_leaves_the_next_evaluation_unaffected(name, sandbox_cfg):
     src, expected, needle = CONTAMINATION[name]
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         res = await pool.evaluate(RELU, src, "cpu", run_timeout_s=6.0)
         if expected == "correct":
             assert res.correct, res
@@ -151,7 +151,7 @@ async def test_driver_secrets_are_not_readable(name, sandbox_cfg, monkeypatch, t
                   "hits = [s[:80] for s in seen if b'fake-secret' in s or "
                   f"{str(tmp_path).encode()!r} in s]\n"
                   "if hits:\n    raise RuntimeError(f'saw: {hits}')\nreturn x.clamp_min(0)")
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         res = await pool.evaluate(RELU, src, "cpu")
     assert res.correct, res
 
@@ -168,7 +168,7 @@ async def test_writes_outside_its_temp_dir_are_refused(name, sandbox_cfg, monkey
     monkeypatch.setenv("HOME", str(tmp_path))
     src = forward(f"p = {WRITES[name].format(home=tmp_path)}\nopen(p, 'w').write('x')\nprint('WROTE', p)\nreturn x.clamp_min(0)")
     before = {p for p in os.listdir("/tmp") if p.startswith("planted-")}
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         res = await pool.evaluate(RELU, src, "cpu")
     assert res.error_kind == "runtime_error" and "Permission" in (res.error or ""), res
     assert not (tmp_path / "planted").exists()
@@ -188,7 +188,7 @@ NETWORK = {
 @pytest.mark.parametrize("name", sorted(NETWORK))
 async def test_other_network_routes_fail(name, sandbox_cfg):
     src = forward(NETWORK[name] + "\nreturn x.clamp_min(0)")
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         res = await pool.evaluate(RELU, src, "cpu")
     assert res.error_kind == "runtime_error" and not res.correct, res
 
@@ -226,7 +226,7 @@ async def test_leftovers_are_gone_before_the_reference_is_timed(sandbox_cfg, pid
     reference time cached for later evaluations of the task."""
     sandbox_cfg = dataclasses.replace(sandbox_cfg, pid_namespace=pid_namespace, warmup_runs=1, timing_runs=5)
     marker = f"{time.time_ns() % 10**9}.{uuid.uuid4().int % 1000}"
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         res = await pool.evaluate(_reference_that_sees(marker), _timing_phase_leftover(marker), "cpu")
     assert res.correct and res.timed and res.error_kind is None, res
     time.sleep(0.3)

@@ -7,7 +7,7 @@ import pytest
 
 from rewards.config import load_reward_config
 from rewards.env import KernelEnv
-from sandbox.pool import EvalPool
+from sandbox.pool import SandboxPool
 
 FWD = "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return "
 
@@ -40,7 +40,7 @@ RESPONSES = {
 
 @pytest.fixture
 async def env(sandbox_cfg):
-    e = KernelEnv(load_reward_config("kernel", backend="cpu", holdout_frac=0.0), EvalPool(sandbox_cfg))
+    e = KernelEnv(load_reward_config("kernel", backend="cpu", holdout_frac=0.0), SandboxPool(sandbox_cfg))
     yield e
     await e.aclose()
 
@@ -48,7 +48,7 @@ async def env(sandbox_cfg):
 async def test_hostile_responses_score_zero_with_a_reason(env):
     task = env.tasks("train")[0]
     outcomes = await asyncio.wait_for(
-        asyncio.gather(*(env.evaluate(task, text) for text, _ in RESPONSES.values())), timeout=120)
+        asyncio.gather(*(env.score(task, text) for text, _ in RESPONSES.values())), timeout=120)
     for (name, (_, kind)), out in zip(RESPONSES.items(), outcomes):
         assert out.score == 0.0, name
         assert out.error_kind == kind, (name, out.error_kind, out.feedback[:200])
@@ -60,6 +60,6 @@ async def test_the_env_still_scores_after_them(env):
     """A clean (if rule-breaking) answer right after the junk gets its ordinary verdict."""
     task = env.tasks("train")[0]
     for text, _ in RESPONSES.values():
-        await env.evaluate(task, text)
-    out = await env.evaluate(task, block(FWD + "torch.relu(x)"))
+        await env.score(task, text)
+    out = await env.score(task, block(FWD + "torch.relu(x)"))
     assert out.error_kind == "rule_violation" and "torch_compute_in_forward" in out.hacks

@@ -59,14 +59,14 @@ class HoldingEnv:
         if (self.folder / "armed_start").exists():  # the first worker stops while it starts
             _hold_once(str(self.folder / "start_held"))
         env = ToyEnv(n_tasks=4)
-        evaluate, folder = env.evaluate, self.folder
+        evaluate, folder = env.score, self.folder
 
         async def held(task, response):
             if (folder / "armed").exists():
                 await asyncio.to_thread(_hold_once, str(folder / "held"))
             return await evaluate(task, response)
 
-        env.evaluate = held
+        env.score = held
         return env
 
 

@@ -8,7 +8,7 @@ from rewards.config import load_reward_config
 from rewards.env import KernelEnv
 from rewards.score import score_result
 from rewards.tasks import TaskError
-from sandbox.pool import EvalPool
+from sandbox.pool import SandboxPool
 from tests.sandbox.conftest import fixture_source
 
 GOOD = fixture_source("tasks/relu.py")
@@ -23,7 +23,7 @@ def checkout(root, files: dict[str, str]):
 
 def env(root, sandbox_cfg, **kw) -> KernelEnv:
     cfg = load_reward_config("kernel", backend="cpu", tasks=str(root), levels=[1], holdout_frac=0.0, **kw)
-    return KernelEnv(cfg, EvalPool(sandbox_cfg))
+    return KernelEnv(cfg, SandboxPool(sandbox_cfg))
 
 
 def test_malformed_task_file_is_named_or_skipped(tmp_path, sandbox_cfg, caplog):
@@ -49,7 +49,7 @@ def test_an_empty_task_set_names_reward_tasks(tmp_path, sandbox_cfg):
 async def test_a_reference_that_raises_is_a_reference_error_not_the_answers(sandbox_cfg):
     broken_ref = GOOD.replace("return torch.relu(x)", "return torch.relu(x).view(7, -1, 3)")
     answer = fixture_source("answers/relu_python_correct.py")
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         res = await pool.evaluate(broken_ref, answer, "cpu")
         assert res.error_kind == "reference_error" and not res.correct, res
         assert score_result(res, load_reward_config("kernel", backend="cpu")).score == 0.0

@@ -65,7 +65,7 @@ def test_a_killed_trainer_restarts_from_the_checkpoint_and_redoes_its_steps(ray_
     assert [m["pipeline/trainer_restarts"] for m in lines] == [0, 0, 1, 1]
     for m in lines[2:]:  # the same batch, the same restored weights and Adam moments
         was = first[m["step"]]
-        assert m["critic/score/mean"] == pytest.approx(was["reward/mean"], abs=1e-9)
+        assert m["critic/score/mean"] == pytest.approx(was["critic/score/mean"], abs=1e-9)
         for key in ("actor/loss", "actor/grad_norm", "actor/pg_loss"):
             if key in was:
                 assert m[key] == pytest.approx(was[key], rel=1e-4, abs=1e-6), key

@@ -35,9 +35,9 @@ def test_bad_config_key_is_a_message_not_a_traceback(capsys):
 
 
 @pytest.mark.triton_interpreter
-def test_evaluate_in_the_sandbox(tmp_path, capsys):
+def test_score_in_the_sandbox(tmp_path, capsys):
     resp = response_file(tmp_path, load_solution("triton", "L1/17_relu"))
-    assert main(["--config", "kernel_triton_cpu", "--set", "holdout_frac=0.0", "evaluate", "L1/17_relu", resp,
+    assert main(["--config", "kernel_triton_cpu", "--set", "holdout_frac=0.0", "score", "L1/17_relu", resp,
                  "--json"]) == 0
     outcome = json.loads(capsys.readouterr().out)
     assert outcome["correct"] and abs(outcome["score"] - 0.3) < 1e-9 and outcome["summary"] == "One kernel."

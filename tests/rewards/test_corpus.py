@@ -27,7 +27,7 @@ from rewards.solutions import available, load_solution
 from rewards.tasks import load_builtin
 from sandbox.build import build_pch, pch_allowed
 from sandbox.config import load_default_config
-from sandbox.pool import EvalPool
+from sandbox.pool import SandboxPool
 
 # L1/19_silu: the laptop default's task, so tests/pipeline/test_laptop_learns.py and these share its
 # builds through the session's compile cache
@@ -59,13 +59,13 @@ def extra_cflags(code: str) -> list[str] | None:
 
 def evaluate_all(backend: str, answers: list[CorpusAnswer], reward: str = "kernel",
                  **sandbox) -> dict[tuple[str, str], object]:
-    """Every answer through KernelEnv and a real EvalPool, concurrently; (task, variant) -> outcome."""
+    """Every answer through KernelEnv and a real SandboxPool, concurrently; (task, variant) -> outcome."""
     async def run():
         env = KernelEnv(load_reward_config(reward, backend=backend, holdout_frac=0.0),
-                        EvalPool(load_default_config(**sandbox)))
+                        SandboxPool(load_default_config(**sandbox)))
         refs = {t.task_id: t for t in env.tasks("train")}
         async def one(a: CorpusAnswer):  # a line as each verdict comes (seen with -s; a cut run keeps them)
-            o = await env.evaluate(refs[a.task_id], reply(a))
+            o = await env.score(refs[a.task_id], reply(a))
             print(f"[corpus] {backend} {a.task_id} {a.variant}: expected {a.expected}, got {verdict(o)}, "
                   f"speedup {o.speedup}", flush=True)
             return o

@@ -12,7 +12,7 @@ from rewards.env import KernelEnv
 from rewards.interface import RewardEnv, TaskRef, Turn
 from rewards.solutions import load_solution
 from sandbox.config import load_default_config
-from sandbox.pool import EvalPool
+from sandbox.pool import SandboxPool
 from tests.rewards.answers import ADVERSARIAL
 
 FUSED = "L2/9_scale_shift_tanh_residual"
@@ -26,7 +26,7 @@ def reply(code: str, summary: str = "I wrote one fused kernel.") -> str:
 
 def make_env(backend: str, cache_dir: str) -> KernelEnv:
     cfg = load_reward_config("kernel", backend=backend, holdout_frac=0.0)
-    return KernelEnv(cfg, EvalPool(load_default_config(cache_dir=cache_dir)))
+    return KernelEnv(cfg, SandboxPool(load_default_config(cache_dir=cache_dir)))
 
 
 def ref(env: KernelEnv, task_id: str) -> TaskRef:
@@ -42,8 +42,8 @@ async def test_cpu_correct_answer_scores_and_off_by_one_scores_zero(kernel_cache
     assert off_by_one != good and typo != good
     task = ref(env, FUSED)
     try:
-        ok, bad, broken = await asyncio.gather(env.evaluate(task, reply(good)), env.evaluate(task, reply(off_by_one)),
-                                               env.evaluate(task, reply(typo)))
+        ok, bad, broken = await asyncio.gather(env.score(task, reply(good)), env.score(task, reply(off_by_one)),
+                                               env.score(task, reply(typo)))
     finally:
         await env.aclose()
     assert broken.score == 0.0 and not broken.compiled and broken.error_kind == "compile_error", broken.feedback
@@ -68,10 +68,10 @@ async def test_triton_interpreter_answers_and_multi_turn_feedback(kernel_cache_d
         "tl.sum(tl.load(ptrs, mask=mask, other=0.0), axis=0)", "tl.sum(tl.load(ptrs, mask=mask, other=0.0), axis=1)")
     try:
         ok, off, axis, ok_sum = await asyncio.gather(
-            env.evaluate(ref(env, RELU), reply(relu)),
-            env.evaluate(ref(env, RELU), reply(relu_off_by_one, "Masked tail.")),
-            env.evaluate(ref(env, SUM), reply(sum_wrong_axis)),
-            env.evaluate(ref(env, SUM), reply(load_solution("triton", SUM))))
+            env.score(ref(env, RELU), reply(relu)),
+            env.score(ref(env, RELU), reply(relu_off_by_one, "Masked tail.")),
+            env.score(ref(env, SUM), reply(sum_wrong_axis)),
+            env.score(ref(env, SUM), reply(load_solution("triton", SUM))))
     finally:
         await env.aclose()
     for outcome in (ok, ok_sum):  # untimed backend: correctness credit only
@@ -93,7 +93,7 @@ async def test_adversarial_answers_score_zero_with_the_rule_name(backend, kernel
     assert cases
     task = env.tasks("train")[0]
     try:
-        outcomes = await asyncio.gather(*(env.evaluate(task, reply(src)) for _, src, _ in cases.values()))
+        outcomes = await asyncio.gather(*(env.score(task, reply(src)) for _, src, _ in cases.values()))
     finally:
         await env.aclose()
     for (case, (rule, _, _)), outcome in zip(cases.items(), outcomes):
@@ -116,7 +116,7 @@ async def test_adversarial_answers_score_zero_with_the_rule_name(backend, kernel
 async def test_unusable_responses_score_zero_and_never_raise(response, kind, kernel_cache_dir):
     env = make_env("cpu", kernel_cache_dir)  # none reaches the sandbox: any backend
     try:
-        outcome = await env.evaluate(env.tasks("train")[0], response)
+        outcome = await env.score(env.tasks("train")[0], response)
     finally:
         await env.aclose()
     assert outcome.score == 0.0 and outcome.error_kind == kind and not outcome.parse_ok
@@ -130,7 +130,7 @@ async def test_answer_that_fails_to_load_is_scored_by_the_sandbox(kernel_cache_d
     env = make_env("triton", kernel_cache_dir)
     code = "import not_a_real_module_xyz\n" + load_solution("triton", RELU)
     try:
-        outcome = await env.evaluate(ref(env, RELU), reply(code))
+        outcome = await env.score(ref(env, RELU), reply(code))
     finally:
         await env.aclose()
     assert outcome.score == 0.0 and outcome.parse_ok and outcome.error_kind in ("load_error", "runtime_error")
@@ -149,7 +149,7 @@ class BrokenPool:
 
 async def test_evaluator_failure_is_a_zero_score_not_an_exception():
     env = KernelEnv(load_reward_config("kernel", backend="cpu", holdout_frac=0.0), BrokenPool())
-    outcome = await env.evaluate(ref(env, RELU), reply(load_solution("cpu", RELU)))
+    outcome = await env.score(ref(env, RELU), reply(load_solution("cpu", RELU)))
     assert BrokenPool.calls == 1
     assert outcome.score == 0.0 and outcome.error_kind == "sandbox_error" and "lost" in outcome.feedback
 

@@ -5,13 +5,13 @@ from rewards.feedback import parse_feedback, result_feedback, rules_feedback, tr
 from rewards.parse import parse_response
 from rewards.rules import Violation
 from rewards.score import score_result
-from sandbox.result import EvalResult
+from sandbox.result import SandboxResult
 
 CFG = load_reward_config("kernel")  # correct_weight 0.3, speedup_weight 1, cap 10, excessive -> zero
 
 
 def correct(speedup, timed=True, flags=()):
-    return EvalResult(stage="done", compiled=True, correct=True, trials=5, trials_passed=5, timed=timed,
+    return SandboxResult(stage="done", compiled=True, correct=True, trials=5, trials_passed=5, timed=timed,
                       speedup=speedup, ref_runtime_ms=2.0, new_runtime_ms=2.0 / speedup if speedup else None,
                       flags=list(flags))
 
@@ -22,7 +22,7 @@ def test_score_is_kevin_formula():
 
 
 def test_wrong_or_violating_answers_score_zero():
-    wrong = EvalResult(stage="correctness", compiled=True, correct=False, error_kind="wrong_output")
+    wrong = SandboxResult(stage="correctness", compiled=True, correct=False, error_kind="wrong_output")
     assert score_result(wrong, CFG).score == 0.0
     assert score_result(correct(3.0), CFG, violations=True).score == 0.0
 
@@ -70,19 +70,19 @@ def test_trim_log_drops_build_noise_and_host_paths():
 
 
 def test_feedback_messages_by_outcome():
-    compile_err = EvalResult(stage="compile", error_kind="compile_error",
+    compile_err = SandboxResult(stage="compile", error_kind="compile_error",
                              error="ninja: build stopped\nk.cpp:3:1: error: expected ';' before '}' token")
     assert "expected ';'" in result_feedback(compile_err, 500, 0.0)
-    wrong = EvalResult(stage="correctness", compiled=True, error_kind="wrong_output", which_output=1,
+    wrong = SandboxResult(stage="correctness", compiled=True, error_kind="wrong_output", which_output=1,
                        max_abs_err=0.5, max_rel_err=2.0, trials=5, trials_passed=0)
     text = result_feedback(wrong, 500, 0.0)
     assert "output 1" in text and "0.5" in text and "0/5" in text
-    runtime = EvalResult(stage="correctness", compiled=True, error_kind="runtime_error", error="RuntimeError: boom")
+    runtime = SandboxResult(stage="correctness", compiled=True, error_kind="runtime_error", error="RuntimeError: boom")
     assert "boom" in result_feedback(runtime, 500, 0.0)
     fast = result_feedback(correct(2.0), 500, 2.3)
     assert "2x" in fast and "faster" in fast.lower() and "1 ms" in fast
     assert "not timed" in result_feedback(correct(None, timed=False), 500, 0.3)
-    assert "timed out" in result_feedback(EvalResult(error_kind="compile_timeout"), 500, 0.0)
+    assert "timed out" in result_feedback(SandboxResult(error_kind="compile_timeout"), 500, 0.0)
     rules = rules_feedback([Violation("try_except", "line 3: try/except ...")])
     assert "try_except" in rules and "line 3" in rules
     assert "```python" in parse_feedback(parse_response("no code here"))
@@ -107,7 +107,7 @@ def test_a_disabled_host_poison_scores_zero_with_its_reason():
 
 
 def test_a_kernel_that_never_ends_is_told_so():
-    hung = EvalResult(stage="correctness", compiled=True, correct=False, error_kind="timeout",
+    hung = SandboxResult(stage="correctness", compiled=True, correct=False, error_kind="timeout",
                       error="one call of the answer did not finish within 20 s, 1000x the reference's 20 ms: ...")
     text = result_feedback(hung, 500, 0.0)
     assert "did not finish" in text and "never ends" in text and "20 s" in text and "indexing" not in text

@@ -11,7 +11,7 @@ from rewards.env import KernelEnv
 from rewards.interface import Turn
 from rewards.scrub import REDACTED, Scrubber
 from rewards.solutions import load_solution
-from sandbox.result import EvalResult, mark_refused_build
+from sandbox.result import SandboxResult, mark_refused_build
 
 ENV_SECRET = "rAyT0kEn-9f8e7d6c5b4a39281706"
 NETRC_SECRET = "Wb4ndbK3yX9q2LmPzR7s"
@@ -121,10 +121,10 @@ async def test_secrets_in_a_verdict_reach_no_feedback_sample_or_log(secrets_env,
     from pipeline.sample import Sample
 
     leak = f"RuntimeError: ray auth {ENV_SECRET}; netrc {NETRC_SECRET}; {GCS}"
-    result = EvalResult(stage="load", error_kind="runtime_error", error=leak,
+    result = SandboxResult(stage="load", error_kind="runtime_error", error=leak,
                         log_tail=f"Traceback ...\n  token={ENV_SECRET}\n{leak}", backend="cpu")
     env, task = _env(result)
-    outcome = await env.evaluate(task, _reply(load_solution("cpu", task.task_id)))
+    outcome = await env.score(task, _reply(load_solution("cpu", task.task_id)))
     assert outcome.score == 0.0 and outcome.error_kind == "runtime_error" and "ray auth" in outcome.feedback
     sample = Sample(uid="0/t/0/0", step=0, task_id=task.task_id, traj=0, turn=0, prompt_ids=[1], response_ids=[2],
                     logprobs=[-0.1], finish_reason="stop", score=outcome.score, policy_version=0,
@@ -153,7 +153,7 @@ async def test_the_evaluator_crashing_with_a_secret_does_not_leak_it(secrets_env
 
     env = KernelEnv(load_reward_config("kernel", holdout_frac=0.0), Crashing())
     task = env.tasks("train")[0]
-    outcome = await env.evaluate(task, _reply(load_solution("cpu", "L2/9_scale_shift_tanh_residual")))
+    outcome = await env.score(task, _reply(load_solution("cpu", "L2/9_scale_shift_tanh_residual")))
     assert outcome.error_kind == "sandbox_error" and "lost the worker" in outcome.feedback
     assert ENV_SECRET not in json.dumps(dataclasses.asdict(outcome))
 
@@ -161,10 +161,10 @@ async def test_the_evaluator_crashing_with_a_secret_does_not_leak_it(secrets_env
 @pytest.mark.parametrize("flag", ["stale_output", "input_modified", "output_aliases_input", "output_aliases_output",
                                   "forged_message", "degenerate_check"])
 async def test_a_run_time_violation_scores_zero_names_the_reason_and_is_a_rule_miss(flag):
-    result = EvalResult(stage="timing", compiled=True, correct=True, error_kind="rule_violation", flags=[flag],
+    result = SandboxResult(stage="timing", compiled=True, correct=True, error_kind="rule_violation", flags=[flag],
                         error="a timed call's output differs from fresh work", speedup=50.0, timed=True, backend="cpu")
     env, task = _env(result)
-    outcome = await env.evaluate(task, _reply(load_solution("cpu", task.task_id)))
+    outcome = await env.score(task, _reply(load_solution("cpu", task.task_id)))
     assert outcome.score == 0.0 and outcome.error_kind == "rule_violation"
     assert flag in outcome.feedback and "rejected" in outcome.feedback
     assert "rule_miss" in outcome.verdict["flags"] and flag in outcome.verdict["flags"]
@@ -172,21 +172,21 @@ async def test_a_run_time_violation_scores_zero_names_the_reason_and_is_a_rule_m
 
 
 async def test_a_build_the_hook_refused_is_a_disallowed_build_argument():
-    result = EvalResult(stage="compile", error_kind="compile_error", backend="cpu",
+    result = SandboxResult(stage="compile", error_kind="compile_error", backend="cpu",
                         error="RuntimeError: disallowed build argument: extra_cflags: '-wrapper' is not an allowed "
                               "g++ flag (it hands arguments to, or picks, another program)")
-    env, task = _env(mark_refused_build(result))  # as sandbox.pool.EvalPool returns it: flagged
+    env, task = _env(mark_refused_build(result))  # as sandbox.pool.SandboxPool returns it: flagged
     # the answer passes the static rules (its flags are not literals), the sandbox refuses the build
     code = load_solution("cpu", task.task_id).replace('extra_cflags=["-O3"', 'extra_cflags=list(["-O3"])+["-O3"')
-    outcome = await env.evaluate(task, _reply(code))
+    outcome = await env.score(task, _reply(code))
     assert outcome.score == 0.0 and outcome.error_kind == "rule_violation", outcome.feedback
     assert "disallowed_build_argument" in outcome.feedback and "'-wrapper'" in outcome.feedback
     assert outcome.verdict["flags"] == ["disallowed_build_argument", "rule_miss"]
 
 
 async def test_static_rules_still_come_first():
-    env, task = _env(EvalResult(stage="done", compiled=True, correct=True, speedup=2.0, timed=True))
+    env, task = _env(SandboxResult(stage="done", compiled=True, correct=True, speedup=2.0, timed=True))
     code = load_solution("cpu", task.task_id).replace('extra_cflags=["-O3"', 'extra_cflags=["-wrapper", "x", "-O3"')
-    outcome = await env.evaluate(task, _reply(code))
+    outcome = await env.score(task, _reply(code))
     assert outcome.error_kind == "rule_violation" and outcome.hacks == ["build_arguments"]
     assert "'-wrapper'" in outcome.feedback and "rule_miss" not in json.dumps(outcome.verdict)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.config import EvalConfig, load_default_config
+from sandbox.config import SandboxConfig, load_default_config
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sandbox"
 
@@ -15,7 +15,7 @@ def fixture_source(relative: str) -> str:
 
 
 @pytest.fixture
-def sandbox_cfg(kernel_cache_dir: str) -> EvalConfig:
+def sandbox_cfg(kernel_cache_dir: str) -> SandboxConfig:
     # Small numbers: the suite runs on 2 cores; builds are shared through the session cache.
     return load_default_config(cache_dir=kernel_cache_dir, precompiled_header=False, run_timeout_s=20,
                                compile_timeout_s=400, warmup_runs=1, timing_runs=5, correctness_trials=3,

@@ -405,7 +405,7 @@ class Answer(NamedTuple):
     hole: str | None = None               # a hole this answer shows today: the test is xfail(strict)
     note: str | None = None               # what it found before the sandbox closed it (history)
     on: dict[str, tuple[str, str | None]] = {}   # other backends' (expected, flag) where they differ
-    overrides: dict[str, Any] = {}        # per-call EvalPool.evaluate overrides
+    overrides: dict[str, Any] = {}        # per-call SandboxPool.evaluate overrides
 
     def expectation(self, backend: str) -> tuple[str, str | None]:
         return self.on.get(backend, (self.expected, self.flag)) if backend != self.backend else \
@@ -1146,7 +1146,7 @@ def config(cache_dir: str | Path, **overrides: Any) -> Any:
 
 
 class one_core:
-    """The pool's steps all on one core of this (shared) box while in force: ``EvalPool`` hands out the
+    """The pool's steps all on one core of this (shared) box while in force: ``SandboxPool`` hands out the
     cores of its own affinity in turn, so a hack and the correct answer it is compared with would
     otherwise run on different cores, which another job on the box may load differently."""
 
@@ -1166,8 +1166,8 @@ class one_core:
 @dataclasses.dataclass
 class Outcome:
     name: str
-    result: Any                    # EvalResult of the answer
-    follow: Any                    # EvalResult of the correct answer evaluated right after it (or None)
+    result: Any                    # SandboxResult of the answer
+    follow: Any                    # SandboxResult of the correct answer evaluated right after it (or None)
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
 

@@ -15,7 +15,7 @@ import time
 import psutil
 import pytest
 
-from sandbox.pool import EvalPool
+from sandbox.pool import SandboxPool
 from tests.sandbox.conftest import fixture_source
 
 RELU = fixture_source("tasks/relu.py")
@@ -85,7 +85,7 @@ CASES = {
 
 
 async def _evaluate(cfg, src, **kw):
-    async with EvalPool(cfg) as pool:
+    async with SandboxPool(cfg) as pool:
         return await pool.evaluate(RELU, src, "cpu", **kw)
 
 
@@ -95,7 +95,7 @@ async def test_trick_gets_a_verdict_and_the_pool_still_serves(name, sandbox_cfg)
     # A growing hog reaches the limit in 1 GiB steps, and every host allocation of a correctness run
     # is NaN-filled by glibc (M_PERTURB): 1.3-3.7 s a step on this 2-core VM, so it gets more time.
     limit = 30.0 if name.startswith("memory_hog") else 6.0
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         res = await pool.evaluate(RELU, src, "cpu", run_timeout_s=limit)
         assert res.correct is False, res
         assert res.error_kind == kind, res
@@ -107,7 +107,7 @@ async def test_trick_gets_a_verdict_and_the_pool_still_serves(name, sandbox_cfg)
 
 async def test_spam_on_stdout_is_dropped_and_costs_only_its_tail(sandbox_cfg):
     src = forward("for _ in range(300):\n    print('x' * 2**20)\nreturn x.clamp_min(0)")
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         res = await pool.evaluate(RELU, src, "cpu")
     assert res.correct, res
     assert 0 < len(res.log_tail) <= sandbox_cfg.output_tail_bytes
@@ -122,7 +122,7 @@ async def test_timers_replaced_by_the_candidate_do_not_change_its_recorded_time(
         "    def forward(self, x):\n"
         "        time.sleep(0.03)\n"
         "        return x.clamp_min(0)\n")
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         res = await pool.evaluate(RELU, src, "cpu")
     assert res.correct and res.timed, res
     assert res.new_runtime_ms >= 25.0, res
@@ -145,7 +145,7 @@ async def test_secrets_in_the_parent_environment_are_invisible(sandbox_cfg, monk
         "        pass\n"
         "if seen:\n    raise RuntimeError(f'saw secrets: {seen}')\n"
         "return x.clamp_min(0)")
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         res = await pool.evaluate(RELU, src, "cpu")
     assert res.correct, res
 
@@ -158,7 +158,7 @@ async def test_writes_outside_its_own_directories_are_refused(sandbox_cfg, tmp_p
         f"open({str(target)!r}, 'w').write('x')\n"
         f"open(os.path.join({other_build!r}, 'evil.so'), 'w').write('x')\n"
         "return x.clamp_min(0)")
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         res = await pool.evaluate(RELU, src, "cpu")
     assert "landlock_fs" in res.isolation
     assert res.error_kind == "runtime_error" and "Permission" in res.error, res
@@ -173,7 +173,7 @@ async def test_the_network_is_unreachable(sandbox_cfg):
     port = server.getsockname()[1]
     src = forward(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nreturn x.clamp_min(0)")
     try:
-        async with EvalPool(sandbox_cfg) as pool:
+        async with SandboxPool(sandbox_cfg) as pool:
             res = await pool.evaluate(RELU, src, "cpu")
     finally:
         server.close()
@@ -193,7 +193,7 @@ async def test_background_processes_left_behind_are_killed(sandbox_cfg, pid_name
         "    os.setsid()\n"
         f"    os.execvp('sleep', ['sleep', '{marker}'])\n"
         "return x.clamp_min(0)")
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         res = await pool.evaluate(RELU, src, "cpu")
     assert res.correct, res
     assert ("pidns" in res.isolation) == pid_namespace

@@ -30,9 +30,9 @@ def test_the_pool_takes_a_hydra_node_and_names_a_wrong_key(tmp_path):
     from omegaconf import OmegaConf
 
     from sandbox.config import DEFAULT_YAML
-    from sandbox.pool import EvalPool
+    from sandbox.pool import SandboxPool
 
     node = OmegaConf.merge(OmegaConf.load(DEFAULT_YAML), {"cache_dir": str(tmp_path)})
-    assert EvalPool(node).cfg.tolerance["float16"].atol == 1e-2
+    assert SandboxPool(node).cfg.tolerance["float16"].atol == 1e-2
     with pytest.raises(ConfigKeyError, match="max_concurrnt"):
-        EvalPool(OmegaConf.merge(node, {"max_concurrnt": 2}))
+        SandboxPool(OmegaConf.merge(node, {"max_concurrnt": 2}))

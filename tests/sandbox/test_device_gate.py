@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from sandbox.pool import EvalPool
+from sandbox.pool import SandboxPool
 from tests.sandbox.conftest import fixture_source
 
 ADD = fixture_source("tasks/add.py")
@@ -35,7 +35,7 @@ def _span(log_tail: str) -> tuple[float, float]:
 async def test_gated_run_steps_never_overlap_and_do_not_count_the_wait(sandbox_cfg):
     cfg = dataclasses.replace(sandbox_cfg, cpu_run_slots=1, max_concurrent=3)
     answers = [_LOGGING_ANSWER + f"\n# variant {i}\n" for i in range(3)]
-    async with EvalPool(cfg) as pool:
+    async with SandboxPool(cfg) as pool:
         results = await asyncio.gather(*[pool.evaluate(ADD, a, "cpu") for a in answers])
     spans = sorted(_span(r.log_tail) for r in results)
     assert all(r.correct and r.timed for r in results), results
@@ -49,7 +49,7 @@ async def test_gated_run_steps_never_overlap_and_do_not_count_the_wait(sandbox_c
 
 
 async def test_ungated_cpu_run_steps_report_no_device_time(sandbox_cfg):
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         res = await pool.evaluate(ADD, fixture_source("answers/add_cpp_correct.py"), "cpu")
     assert res.correct, res
     assert "device_held" not in res.wall_s and "device_wait" not in res.wall_s
@@ -91,7 +91,7 @@ async def test_shared_gate_times_alone_and_reruns_a_timeout_alone(sandbox_cfg):
     others shared the gate, so it is run again alone before its timeout is its verdict."""
     cfg = dataclasses.replace(sandbox_cfg, cpu_run_slots=3, max_concurrent=3, run_timeout_s=6)
     answers = [_CALLS_ANSWER + f"\n# variant {i}\n" for i in range(2)] + [_LOOPING_ANSWER]
-    async with EvalPool(cfg) as pool:
+    async with SandboxPool(cfg) as pool:
         results = await asyncio.gather(*[pool.evaluate(ADD, a, "cpu") for a in answers])
         stats = pool.stats()
     *honest, looping = results
@@ -119,7 +119,7 @@ async def test_steps_of_a_task_started_together_time_its_reference_once(sandbox_
     cfg = dataclasses.replace(sandbox_cfg, cpu_run_slots=3, max_concurrent=3)
     answers = [_LOGGING_ANSWER + f"\n# variant {i}\n" for i in range(3)]
     task = ADD + "\n# a task of its own: no reference time cached by an earlier test\n"
-    async with EvalPool(cfg) as pool:
+    async with SandboxPool(cfg) as pool:
         results = await asyncio.gather(*[pool.evaluate(task, a, "cpu") for a in answers])
     assert all(r.correct and r.timed for r in results), results
     assert sum("ref_timing" in r.wall_s for r in results) == 1, [r.wall_s for r in results]
@@ -134,11 +134,11 @@ async def test_reference_per_step_times_the_reference_beside_every_answer(sandbo
     second step uses the cached time."""
     task = ADD + "\n# a task of its own: reference_per_step\n"
     answers = [_LOGGING_ANSWER + f"\n# per-step variant {i}\n" for i in range(3)]
-    async with EvalPool(sandbox_cfg) as pool:  # cached: the first step times it, the next does not
+    async with SandboxPool(sandbox_cfg) as pool:  # cached: the first step times it, the next does not
         cached = [await pool.evaluate(task, a, "cpu") for a in answers[:2]]
     assert ["ref_timing" in r.wall_s for r in cached] == [True, False], [r.wall_s for r in cached]
     per_step = dataclasses.replace(sandbox_cfg, reference_per_step=True)
-    async with EvalPool(per_step) as pool:  # the same cache dir: the task's time is known there
+    async with SandboxPool(per_step) as pool:  # the same cache dir: the task's time is known there
         again = [await pool.evaluate(task, a, "cpu") for a in answers[1:]]
     assert all(r.correct and r.timed and "ref_timing" in r.wall_s for r in again), [r.wall_s for r in again]
     assert all(r.speedup == r.ref_runtime_ms / r.new_runtime_ms for r in again)
@@ -153,7 +153,7 @@ async def test_waiting_steps_told_to_warm_answer_it_and_still_score(sandbox_cfg)
 
     cfg = dataclasses.replace(sandbox_cfg, cpu_run_slots=1, max_concurrent=3)
     answers = [_LOGGING_ANSWER + f"\n# warm {i}\n" for i in range(3)]
-    async with EvalPool(cfg) as pool:
+    async with SandboxPool(cfg) as pool:
         pool._cpu_gate = DeviceGate((None, "host"), 1, cfg.admission_overtake_s, warm_slots=2)
         results = await asyncio.gather(*[pool.evaluate(ADD, a, "cpu") for a in answers])
     assert all(r.correct and r.timed for r in results), [r.error for r in results]

@@ -113,9 +113,9 @@ def test_absent_or_empty_denied_arguments_and_other_arguments_pass():
     (None, None, "disallowed build argument", False),
 ])
 def test_the_pool_flags_a_build_the_hook_refused(kind, error, log_tail, flagged):
-    from sandbox.result import REFUSED_BUILD, EvalResult, mark_refused_build
+    from sandbox.result import REFUSED_BUILD, SandboxResult, mark_refused_build
 
-    res = mark_refused_build(EvalResult(error_kind=kind, error=error, log_tail=log_tail, flags=["x"]))
+    res = mark_refused_build(SandboxResult(error_kind=kind, error=error, log_tail=log_tail, flags=["x"]))
     assert res.error_kind == kind  # the sandbox's own verdict is unchanged; rewards reads the flag
     assert res.flags == (["x", REFUSED_BUILD] if flagged else ["x"])
     assert mark_refused_build(res).flags == res.flags  # once

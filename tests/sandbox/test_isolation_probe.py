@@ -10,7 +10,7 @@ import socket
 import pytest
 
 from sandbox.gpu_probe import DROP_ORDER, IsolationProbe
-from sandbox.pool import EvalPool
+from sandbox.pool import SandboxPool
 from tests.sandbox.conftest import fixture_source
 
 RELU = fixture_source("tasks/relu.py")
@@ -35,7 +35,7 @@ async def test_a_probe_failing_under_the_private_proc_drops_the_pid_namespace_on
     # The host's processes are invisible exactly while pidns + private /proc are in force.
     probe = cpu_probe(f"import os\nassert os.path.exists('/proc/{os.getpid()}'), 'host processes hidden'\n")
     with caplog.at_level(logging.WARNING, logger="sandbox.gpu_probe"):
-        async with EvalPool(sandbox_cfg, isolation_probe=probe) as pool:
+        async with SandboxPool(sandbox_cfg, isolation_probe=probe) as pool:
             first = await pool.evaluate(RELU, ANSWER, "cpu", **QUICK)
             verdict, stats = pool.probe_verdict, pool.stats()
     if "private_proc" not in first.isolation and "pidns" not in first.isolation and verdict.dropped == ():
@@ -56,7 +56,7 @@ async def test_a_probe_failing_in_a_network_namespace_steps_down_to_it_and_keeps
     # /proc/net/dev lists the interfaces of the reader's network namespace (if_nameindex() would need
     # a netlink socket, which seccomp refuses on its own)
     probe = cpu_probe("n = open('/proc/net/dev').read().count(':')\nassert n > 1, 'only loopback: a netns'\n")
-    async with EvalPool(sandbox_cfg, isolation_probe=probe) as pool:
+    async with SandboxPool(sandbox_cfg, isolation_probe=probe) as pool:
         res = await pool.evaluate(RELU, ANSWER, "cpu", **QUICK)
         verdict = pool.probe_verdict
     assert res.correct, res
@@ -71,7 +71,7 @@ async def test_a_probe_failing_in_a_network_namespace_steps_down_to_it_and_keeps
 async def test_a_probe_that_never_works_keeps_full_isolation(sandbox_cfg, caplog):
     probe = cpu_probe("raise RuntimeError('device init failed (stand-in for error 304)')\n")
     with caplog.at_level(logging.ERROR, logger="sandbox.gpu_probe"):
-        async with EvalPool(sandbox_cfg, isolation_probe=probe) as pool:
+        async with SandboxPool(sandbox_cfg, isolation_probe=probe) as pool:
             res = await pool.evaluate(RELU, ANSWER, "cpu", **QUICK)
             verdict = pool.probe_verdict
     assert not verdict.worked and verdict.dropped == ()
@@ -83,7 +83,7 @@ async def test_a_probe_that_never_works_keeps_full_isolation(sandbox_cfg, caplog
 async def test_a_candidate_cannot_trigger_the_step_down(sandbox_cfg):
     cand = ANSWER.replace("return x.clamp_min(0.0)", "raise RuntimeError('Unexpected error from "
                           "cudaGetDeviceCount() Error 304: OS call failed')")
-    async with EvalPool(sandbox_cfg, isolation_probe=cpu_probe("pass\n")) as pool:
+    async with SandboxPool(sandbox_cfg, isolation_probe=cpu_probe("pass\n")) as pool:
         bad = await pool.evaluate(RELU, cand, "cpu", **QUICK)
         assert pool.probe_verdict.dropped == () and pool.stats()["isolation_probe_runs"] == 1
     assert bad.error_kind == "runtime_error" and "Error 304" in bad.error, bad
@@ -92,7 +92,7 @@ async def test_a_candidate_cannot_trigger_the_step_down(sandbox_cfg):
 
 async def test_the_switch_turns_the_probe_off(sandbox_cfg):
     off = dataclasses.replace(sandbox_cfg, gpu_isolation_probe=False)
-    async with EvalPool(off, isolation_probe=cpu_probe("raise RuntimeError('never run')\n")) as pool:
+    async with SandboxPool(off, isolation_probe=cpu_probe("raise RuntimeError('never run')\n")) as pool:
         res = await pool.evaluate(RELU, ANSWER, "cpu", **QUICK)
         assert pool.probe_verdict is None and "isolation_probe_runs" not in pool.stats()
     assert res.correct and {"pidns", "private_proc", "landlock_fs"} <= set(res.isolation), res
@@ -102,7 +102,7 @@ async def test_a_probe_failing_only_under_landlock_keeps_the_namespaces(sandbox_
     # The H200's case (2026-12-03): only Landlock was in the way. Leaving out one measure at a time
     # finds that, so the PID, mount and network namespaces stay.
     probe = cpu_probe("import os, tempfile\nfd, path = tempfile.mkstemp(dir='/tmp')\nos.close(fd)\nos.remove(path)\n")
-    async with EvalPool(sandbox_cfg, isolation_probe=probe) as pool:
+    async with SandboxPool(sandbox_cfg, isolation_probe=probe) as pool:
         res = await pool.evaluate(RELU, ANSWER, "cpu", **QUICK)
         verdict = pool.probe_verdict
     if verdict.dropped == () and "landlock_fs" not in verdict.isolation:

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from sandbox.pool import EvalPool
+from sandbox.pool import SandboxPool
 from tests.sandbox.conftest import fixture_source
 
 RELU = fixture_source("tasks/relu.py")
@@ -53,7 +53,7 @@ def channel_send(msg: dict, fds_expr: str = "[]") -> str:
 
 
 async def _evaluate(cfg, src, **kw):
-    async with EvalPool(cfg) as pool:
+    async with SandboxPool(cfg) as pool:
         res = await pool.evaluate(RELU, src, "cpu", **kw)
         again = await pool.evaluate(RELU, CORRECT, "cpu")
     assert again.correct, again  # the hostile answer changed nothing for the next one
@@ -154,7 +154,7 @@ async def test_a_host_that_cannot_confine_says_so_in_one_line(sandbox_cfg, caplo
 
     cfg = dataclasses.replace(sandbox_cfg, restrict_writes=False, pid_namespace=False)
     with caplog.at_level(logging.WARNING, logger="sandbox.pool"):
-        async with EvalPool(cfg) as pool:
+        async with SandboxPool(cfg) as pool:
             for _ in range(2):
                 res = await pool.evaluate(RELU, CORRECT, "cpu")
                 assert res.correct, res

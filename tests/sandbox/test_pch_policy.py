@@ -7,7 +7,7 @@ import json
 import pytest
 
 from sandbox import build
-from sandbox.pool import EvalPool
+from sandbox.pool import SandboxPool
 
 
 @pytest.mark.parametrize("flags", [[], [""], ["-O3"], ["-O3", "-fopenmp"], ["-O3", "-ffast-math", "-march=native",
@@ -39,7 +39,7 @@ async def test_a_flag_set_gets_a_pch_build_on_its_second_use_only_once(sandbox_c
     cfg = dataclasses.replace(sandbox_cfg, precompiled_header=True, pch_min_builds=2, cache_dir=str(tmp_path))
     monkeypatch.setenv("CXX", "false")  # the builder's compiler fails at once: what is under test is the schedule
     flags = ["-O2"]
-    async with EvalPool(cfg) as pool:
+    async with SandboxPool(cfg) as pool:
         pool._builds.schedule_pch(flags)
         assert not pool._builds.pch_building
         pool._builds.schedule_pch(flags)
@@ -68,7 +68,7 @@ async def test_an_answer_that_includes_the_header_again_builds_with_the_pch(sand
     task = {t.id: t for t in load_builtin(profile="cpu")}["L1/17_relu"]
     build.build_pch(tmp_path / "pch", ["-O3", "-fopenmp"])  # what the pool builds after two uses
     cfg = dataclasses.replace(sandbox_cfg, precompiled_header=True, cache_dir=str(tmp_path))
-    async with EvalPool(cfg) as pool:
+    async with SandboxPool(cfg) as pool:
         result = await pool.evaluate(task.source, "# built with the PCH\n" + answer, "cpu")
     assert result.correct, (result.error_kind, result.error)
     decisions = [json.loads(p.read_text()) for p in (tmp_path / "builds").rglob("relu_cpu.pch.json")]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from sandbox.pool import EvalPool
+from sandbox.pool import SandboxPool
 from tests.sandbox.conftest import fixture_source
 
 ADD = fixture_source("tasks/add.py")
@@ -18,7 +18,7 @@ ROWSUM_OBO = fixture_source("answers/rowsum_cpp_off_by_one.py")
 
 
 async def test_correct_cpp_openmp_answer_is_correct_and_timed(sandbox_cfg):
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         res = await pool.evaluate(ADD, ADD_CPP, "cpu", key="add-cpp")
     assert res.correct and res.error_kind is None, res
     assert res.compiled and res.stage == "done"
@@ -29,7 +29,7 @@ async def test_correct_cpp_openmp_answer_is_correct_and_timed(sandbox_cfg):
 
 
 async def test_off_by_one_reduction_is_wrong_output_with_its_error(sandbox_cfg):
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         res = await pool.evaluate(ROWSUM, ROWSUM_OBO, "cpu")
     assert res.compiled and not res.correct, res
     assert res.error_kind == "wrong_output" and res.which_output == 0
@@ -43,7 +43,7 @@ async def test_a_cpp_compile_error_is_reported_and_cached(sandbox_cfg):
               "load_inline('fixture_broken', cpp_sources='int f() { return undeclared_thing; }',\n"
               "            no_implicit_headers=True)\n"
               "class ModelNew:\n    pass\n")
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         first = await pool.evaluate(ADD, broken, "cpu")
         again = await pool.evaluate(ADD, broken, "cpu")
     assert first.error_kind == "compile_error" and not first.compiled, first
@@ -57,7 +57,7 @@ async def test_a_refused_build_argument_comes_back_flagged(sandbox_cfg):
                "load_inline('fixture_refused', cpp_sources='int f() { return 0; }', no_implicit_headers=True,\n"
                "            extra_cflags=['-wrapper', '/bin/sh'])\n"
                "class ModelNew:\n    pass\n")
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         res = await pool.evaluate(ADD, refused, "cpu")
     assert res.error_kind in ("compile_error", "load_error") and not res.compiled, res
     assert "disallowed build argument" in res.error and res.flags == ["disallowed_build_argument"]
@@ -66,7 +66,7 @@ async def test_a_refused_build_argument_comes_back_flagged(sandbox_cfg):
 async def test_identical_concurrent_candidates_build_once_and_repeat_is_a_fast_cache_hit(sandbox_cfg):
     variant = ADD_CPP + "\n# cache-test variant\n"
     cfg = dataclasses.replace(sandbox_cfg, max_concurrent=3)
-    async with EvalPool(cfg) as pool:
+    async with SandboxPool(cfg) as pool:
         a, b = await asyncio.gather(pool.evaluate(ADD, variant, "cpu"), pool.evaluate(ADD, variant, "cpu"))
         c = await pool.evaluate(ADD, variant, "cpu")
         stats = pool.stats()
@@ -89,11 +89,11 @@ async def test_a_cache_hit_loads_without_rebuilding_whichever_ninja_the_parent_p
     import os
     import sys
 
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         first = await pool.evaluate(ADD, ADD_CPP, "cpu", key="add-cpp")
     here = os.path.dirname(sys.executable)
     monkeypatch.setenv("PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != here))
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         again = await pool.evaluate(ADD, ADD_CPP, "cpu", key="add-cpp")
     assert first.correct and again.correct and again.cache_hit, (first, again)
     assert again.wall_s["load"] < 5.0, again.wall_s

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import pytest_asyncio
 
-from sandbox.pool import EvalPool
+from sandbox.pool import SandboxPool
 from tests.sandbox import redteam as rt
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -25,7 +25,7 @@ def site(tmp_path_factory):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def pool(site):
-    async with EvalPool(rt.config(site.cache)) as p:
+    async with SandboxPool(rt.config(site.cache)) as p:
         await rt.prime(p, tasks=("relu",))
         yield p
 

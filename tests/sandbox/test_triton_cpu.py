@@ -1,13 +1,13 @@
 """Triton on CPU through the interpreter (TRITON_INTERPRET=1): correctness only, never timed."""
 import pytest
 
-from sandbox.pool import EvalPool
+from sandbox.pool import SandboxPool
 from tests.sandbox.conftest import fixture_source
 
 
 @pytest.mark.triton_interpreter
 async def test_correct_triton_kernel_is_correct_but_not_timed(sandbox_cfg):
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         res = await pool.evaluate(fixture_source("tasks/add.py"), fixture_source("answers/add_triton_correct.py"),
                                   "triton")
     assert res.correct and res.error_kind is None, res
@@ -17,7 +17,7 @@ async def test_correct_triton_kernel_is_correct_but_not_timed(sandbox_cfg):
 
 @pytest.mark.triton_interpreter
 async def test_triton_kernel_reducing_the_wrong_axis_is_wrong_output(sandbox_cfg):
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         res = await pool.evaluate(fixture_source("tasks/rowsum.py"),
                                   fixture_source("answers/rowsum_triton_wrong_axis.py"), "triton")
     assert res.error_kind == "wrong_output" and res.which_output == 0, res
@@ -50,7 +50,7 @@ async def test_the_pool_refuses_a_broken_interpreter_as_its_own_error(sandbox_cf
 
     monkeypatch.setattr(devices, "interpreter_problem", lambda: "triton 3.6.0 with numpy 2.4.6 fails")
     monkeypatch.setattr(devices, "detect_gpus", lambda: [])
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         res = await pool.evaluate(fixture_source("tasks/add.py"), fixture_source("answers/add_triton_correct.py"),
                                   "triton")
     assert res.error_kind == "sandbox_error" and "numpy 2.4.6" in res.error and not res.correct, res

@@ -10,7 +10,7 @@ import os
 import textwrap
 
 from sandbox import launch as launch_module
-from sandbox.pool import EvalPool
+from sandbox.pool import SandboxPool
 from sandbox.worker import read_result_line, result_line, result_tag
 from tests.sandbox.conftest import fixture_source
 
@@ -46,7 +46,7 @@ def test_lines_without_the_right_tag_are_refused():
 async def test_a_worker_without_a_tagged_line_is_lost_as_one_that_wrote_nothing(sandbox_cfg, monkeypatch):
     # every line refused: the step is run again, then it is a sandbox error, as before for no line
     monkeypatch.setattr(launch_module, "read_result_line", lambda line, key: None)
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         res = await pool.evaluate(RELU, CORRECT, "cpu")
         assert pool.stats()["lost_workers"] == sandbox_cfg.lost_worker_retries + 1
     assert not res.correct and res.error_kind == "sandbox_error", res
@@ -60,7 +60,7 @@ async def test_the_key_is_nowhere_the_candidate_can_read(sandbox_cfg, monkeypatc
     # its search never joins them, so only a copy it did not make can be found.
     monkeypatch.setattr(launch_module, "new_step_key", lambda: KEY)
     src = _SEEKER.format(a=KEY[:16].hex(), b=KEY[16:].hex())
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         res = await pool.evaluate(RELU, src, "cpu")
     assert res.correct, res.error
 

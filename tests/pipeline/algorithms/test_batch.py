@@ -95,11 +95,11 @@ def test_rollout_metrics():
          sample("t", 1, 0, 0.5, n_resp=6, finish="length", text="Hmm."),
          sample("t", 1, 1, 0.0, n_resp=0, finish="error")]
     m = rollout_metrics(s, algo())
-    assert m["response/not_okay_ratio"] == pytest.approx(1 / 3)  # of the responses with text
-    assert m["response/truncated_frac"] == 0.25 and m["response/length_mean"] == 3.0
-    assert m["reward/mean"] == 0.375 and m["reward/max"] == 1.0
-    assert m["reward/turn0_mean"] == 0.25 and m["reward/turn1_mean"] == 0.5
-    assert rollout_metrics(s, algo(not_okay_prefix="Hmm"))["response/not_okay_ratio"] == pytest.approx(2 / 3)
+    assert m["response_length/not_okay_ratio"] == pytest.approx(1 / 3)  # of the responses with text
+    assert m["response_length/clip_ratio"] == 0.25 and m["response_length/mean"] == 3.0
+    assert m["critic/score/mean"] == 0.375 and m["critic/score/max"] == 1.0
+    assert m["critic/score/turn0_mean"] == 0.25 and m["critic/score/turn1_mean"] == 0.5
+    assert rollout_metrics(s, algo(not_okay_prefix="Hmm"))["response_length/not_okay_ratio"] == pytest.approx(2 / 3)
     assert rollout_metrics([], algo()) == {}
 
 

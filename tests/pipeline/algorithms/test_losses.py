@@ -40,7 +40,7 @@ def test_dual_clip_bounds_negative_advantage_losses():
     off, _ = policy_loss(old, new, adv, mask, algo(loss_agg_mode="token-mean"), None)
     on, m = policy_loss(old, new, adv, mask, algo(loss_agg_mode="token-mean", clip_ratio_c=3.0), None)
     assert off.item() == pytest.approx(4.0) and on.item() == pytest.approx(3.0)
-    assert m["actor/pg_clipfrac_dual"] == 1.0
+    assert m["actor/pg_clipfrac_lower"] == 1.0
 
 
 @pytest.mark.parametrize("mode,want", [("token-mean", -0.25), ("token-sum", -1.0),

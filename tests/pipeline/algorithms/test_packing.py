@@ -1,9 +1,8 @@
-"""pack_rows: the packed layout of TrainBatch rows (that packed rows train like padded ones through
+"""pack: the packed layout of TrainBatch rows (that packed rows train like padded ones through
 the trainer's forward: tests/pipeline/trainer/test_packed_trainer.py)."""
 import torch
 
-from pipeline.algorithms import build_train_batch
-from pipeline.algorithms import pack_rows
+from pipeline.algorithms import build_train_batch, pack
 from pipeline.sample import Sample
 from tests.pipeline.algorithms.conftest import algo
 
@@ -21,13 +20,13 @@ def samples(vocab):
 
 def test_subset_of_rows():
     b = build_train_batch(samples(50), algo(), 8, 0)
-    p = pack_rows(b, [2])
-    assert p.rows == [2] and p.cu_seqlens.tolist() == [0, int(b.attention_mask[2].sum())]
+    p = pack(b.input_ids[2:3], b.attention_mask[2:3], b.response_mask[2:3], b.prompt_len)
+    assert p.cu_seqlens.tolist() == [0, int(b.attention_mask[2].sum())]
 
 
 def test_positions_restart_and_logit_index_points_before_each_response_token():
     b = build_train_batch(samples(50), algo(), 8, 0)
-    p = pack_rows(b)
+    p = pack(b.input_ids, b.attention_mask, b.response_mask, b.prompt_len)
     cu = p.cu_seqlens.tolist()
     assert p.input_ids.shape[1] == int(b.attention_mask.sum()) == cu[-1]  # no padding left
     for k, (s, e) in enumerate(zip(cu[:-1], cu[1:])):

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from pipeline.engines import SamplingParams, make_engine
-from pipeline.models import load_model_config, load_tokenizer, save_tiny_checkpoint
+from pipeline.models import load_model_config, load_tokenizer
+from tests.pipeline.conftest import save_tiny_checkpoint
 from pipeline.rollout import run_episodes
 from pipeline.rollout_config import load_rollout_config
 from rewards.toy import ToyEnv

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from pipeline.models import (load_model_and_tokenizer, load_model_config, load_tokenizer,
-                             save_tiny_checkpoint)
+from pipeline.models import load_model_and_tokenizer, load_model_config, load_tokenizer
+from tests.pipeline.conftest import save_tiny_checkpoint
 
 
 def test_tiny_tokenizer_round_trips_and_has_a_qwen_chat_template(tiny):

@@ -28,7 +28,7 @@ def test_a_preset_resolves_to_the_cache_and_names_the_fetch_command_when_missing
 
 def test_a_fetched_preset_passes_the_model_check(tmp_path, monkeypatch):
     from pipeline.models.load import check_checkpoint_dir
-    from pipeline.models.tiny import save_tiny_checkpoint
+    from tests.pipeline.conftest import save_tiny_checkpoint
 
     monkeypatch.setenv("KERNEL_RL_CACHE", str(tmp_path))
     name = "smollm2-135m-instruct"

@@ -229,7 +229,7 @@ def test_two_fsdp2_ranks_train_and_push_like_one(ray_local, tmp_path):
 
     import ray
 
-    from pipeline.models import save_tiny_checkpoint
+    from tests.pipeline.conftest import save_tiny_checkpoint
     from tests.pipeline.trainer.test_trainer import run_step
 
     model_cfg, trainer_cfg, algo_cfg = configs()
