@@ -265,9 +265,9 @@ class OneAtATimeEnv(ToyEnv):
         super().__init__(**kw)
         self.slot = asyncio.Semaphore(1)
 
-    async def evaluate(self, task, response):
+    async def score(self, task, response):
         async with self.slot:
-            return await super().evaluate(task, response)
+            return await super().score(task, response)
 
 
 async def test_back_pressure_holds_generation_while_the_evaluator_has_a_backlog(tiny):
