@@ -27,11 +27,13 @@ from sandbox.config import EvalConfig
 from sandbox.device_gate import DeviceGate, Grant, serve_gate
 from sandbox.result import EvalResult
 from sandbox.wire import KEY_BYTES, MARKER, MAX_LINE_BYTES, Isolation, Limits, StepRequest, read_result_line
+from sandbox.zygote import ForkedWorker, Zygotes
 
 PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 _ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
               "CUDA_ROOT", "CC", "CXX", "NVCC_CCBIN", "NVIDIA_DRIVER_CAPABILITIES", "TRITON_PTXAS_PATH",
               "TRITON_LIBCUDA_PATH", "VIRTUAL_ENV")
+WorkerProcess = asyncio.subprocess.Process | ForkedWorker   # a fresh interpreter, or forked by a zygote
 _ENV_DENY = re.compile(r"TOKEN|KEY|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|^AWS_|^WANDB_|^HF_|^HUGGING|^GITHUB|"
                        r"^SSH_|^GOOGLE_|^AZURE_|^OPENAI|^ANTHROPIC", re.IGNORECASE)
 
@@ -60,8 +62,9 @@ class Launcher:
 
     def __init__(self, cache: Path, narrow_header_dir: str):
         self.cache, self.narrow_header_dir = cache, narrow_header_dir
-        self.live: set[asyncio.subprocess.Process] = set()
+        self.live: set[WorkerProcess] = set()
         self.next_core = 0
+        self.zygotes = Zygotes(str(cache / "zygote"))
 
     def cpu_set(self, cfg: EvalConfig) -> list[int]:
         """The cores one step may run on (in turn over the machine's): affinity, not advice."""
@@ -131,10 +134,15 @@ class Launcher:
                 gate_ours, gate_theirs = socket.socketpair()
                 step.gate_fd = gate_theirs.fileno()
                 passed.append(gate_theirs.fileno())
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "sandbox.worker", stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(workdir),
-                env=scrubbed_env(extra), start_new_session=True, limit=MAX_LINE_BYTES, pass_fds=tuple(passed))
+            # a host run step forks from a pre-imported zygote (sandbox/zygote.py); a GPU, compile or
+            # probe step, or one the zygote cannot fork, starts a fresh interpreter
+            forkable = cfg.zygote_worker and mode == "run" and gpu is None and visible is None
+            proc = await self.zygotes.fork(scrubbed_env(extra), str(workdir), passed) if forkable else None
+            if proc is None:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "sandbox.worker", stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(workdir),
+                    env=scrubbed_env(extra), start_new_session=True, limit=MAX_LINE_BYTES, pass_fds=tuple(passed))
         except OSError as exc:
             if gate_ours is not None:
                 gate_ours.close()
@@ -219,7 +227,7 @@ class Launcher:
             return StepOutcome(None, detail=detail, **extra_out)
         return StepOutcome(data, **extra_out)
 
-    async def _watch(self, proc: asyncio.subprocess.Process, cfg: EvalConfig, rlimit_as: bool,
+    async def _watch(self, proc: WorkerProcess, cfg: EvalConfig, rlimit_as: bool,
                      watch: dict[str, str], build_dir: Path | None = None) -> None:
         """Kill the worker's group when it forks too much, (without RLIMIT_AS) uses too much memory,
         or (a compile step, ``build_dir``) fills its build dir past the quota: the one place an
@@ -262,7 +270,7 @@ def step_result(out: StepOutcome, mode: str, cfg: EvalConfig) -> EvalResult:
     return EvalResult.from_dict(out.data)
 
 
-def kill_group(proc: asyncio.subprocess.Process) -> None:
+def kill_group(proc: WorkerProcess) -> None:
     # The worker leads its own session; killing its group kills the PID-namespace init with it,
     # and the kernel then kills everything left in the namespace.
     try:
@@ -301,7 +309,7 @@ def key_socket(key: bytes) -> socket.socket:
     return theirs
 
 
-async def write_raw(proc: asyncio.subprocess.Process, data: bytes, close: bool) -> None:
+async def write_raw(proc: WorkerProcess, data: bytes, close: bool) -> None:
     assert proc.stdin is not None
     proc.stdin.write(data)
     await proc.stdin.drain()
@@ -340,7 +348,7 @@ def _tree_usage(pid: int) -> tuple[int, int]:
     return len(procs), rss
 
 
-def release_transport(proc: asyncio.subprocess.Process) -> None:
+def release_transport(proc: WorkerProcess) -> None:
     """Close the subprocess transport now. Left to the garbage collector, it is finalised after
     the event loop has closed ("Event loop is closed" warnings), and such finalizers running
     inside CPython 3.11's AST constructor made a later ``ast.parse`` fail (seen in CI)."""
