@@ -174,7 +174,12 @@ def _send(ctl: socket.socket, obj: dict[str, Any], fds: list[int] | None = None)
 # --- the pool's side ---------------------------------------------------------------------------
 
 class ZygoteGone(Exception):
-    """A zygote could not start, or could not fork a step (the step then gets a fresh worker)."""
+    """A zygote could not start, or could not fork a step (the step then gets a fresh worker).
+    ``final``: it refused to serve this environment (not fork-safe there), so none is started again."""
+
+    def __init__(self, why: str, final: bool = False):
+        super().__init__(why)
+        self.final = final
 
 
 class ForkedWorker:
@@ -304,7 +309,7 @@ class Zygote:
         if "ready" in msg and self._ready is not None and not self._ready.done():
             self._ready.set_result(msg["ready"])
         elif "error" in msg:
-            self._lost(str(msg["error"]))
+            self._lost(str(msg["error"]), final=True)
         elif "pid" in msg and fds:
             self._exits[msg["pid"]] = asyncio.get_running_loop().create_future()
             answer = self._spawns.pop(msg["id"], None)
@@ -317,13 +322,13 @@ class Zygote:
             if done is not None and not done.done():
                 done.set_result(msg["status"])
 
-    def _lost(self, why: str) -> None:
+    def _lost(self, why: str, final: bool = False) -> None:
         self.alive = False
         if self.ctl is not None:
             asyncio.get_running_loop().remove_reader(self.ctl.fileno())
         for fut in [self._ready, *self._spawns.values()]:
             if fut is not None and not fut.done():
-                fut.set_exception(ZygoteGone(why))
+                fut.set_exception(ZygoteGone(why, final))
         for fut in self._exits.values():
             if not fut.done():
                 fut.set_result(None)  # exited or not, nobody reports its status now
@@ -376,8 +381,11 @@ class Zygotes:
                     await zygote.start()
                 except ZygoteGone as exc:
                     zygote.close()
-                    self.failed_starts[key] = self.failed_starts.get(key, 0) + 1
-                    log.warning("sandbox: zygote start failed (%s); this step starts a fresh worker", exc)
+                    failed = self.MAX_FAILED_STARTS if exc.final else self.failed_starts.get(key, 0) + 1
+                    self.failed_starts[key] = failed
+                    log.warning("sandbox: zygote start failed (%s); this step starts a fresh worker%s", exc,
+                                ", and so will every step of its environment" if failed >= self.MAX_FAILED_STARTS
+                                else "")
                     return None
                 self.by_env[key], self.failed_starts[key] = zygote, 0
         try:
