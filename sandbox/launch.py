@@ -333,6 +333,22 @@ def over_quota(build_dir: Path, cfg: EvalConfig) -> str | None:
     return None
 
 
+def worker_processes(pid: int | None = None) -> list[psutil.Process]:
+    """The step workers (outer processes) of the pools in process ``pid`` (this one by default): its
+    children started as ``sandbox.worker`` and the children of its zygotes (sandbox/zygote.py)."""
+    out = []
+    for child in psutil.Process(pid or os.getpid()).children():
+        try:
+            title = " ".join(child.cmdline())
+            if "sandbox.worker" in title:
+                out.append(child)
+            elif "sandbox.zygote" in title:
+                out += child.children()
+        except psutil.Error:
+            continue
+    return out
+
+
 def _tree_usage(pid: int) -> tuple[int, int]:
     try:
         root = psutil.Process(pid)

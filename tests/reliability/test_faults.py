@@ -12,6 +12,7 @@ import psutil
 
 from rewards.config import load_reward_config
 from rewards.score import score_result
+from sandbox.launch import worker_processes
 from sandbox.pool import EvalPool
 from tests.sandbox.conftest import fixture_source
 
@@ -30,14 +31,7 @@ def slow_correct(tag: str, sleep_s: float = 0.4) -> str:
 
 
 def workers() -> list[psutil.Process]:
-    out = []
-    for child in psutil.Process(os.getpid()).children():
-        try:
-            if "sandbox.worker" in " ".join(child.cmdline()):
-                out.append(child)
-        except psutil.Error:
-            continue
-    return out
+    return worker_processes()  # started here, or forked by this process's zygotes
 
 
 def kill(pids: list[int]) -> int:

@@ -5,8 +5,7 @@ import asyncio
 import os
 import signal
 
-import psutil
-
+from sandbox.launch import worker_processes
 from sandbox.pool import EvalPool
 from tests.sandbox.conftest import fixture_source
 
@@ -18,15 +17,13 @@ SLOW_CORRECT = ("import time\nimport torch.nn as nn\n"
 
 
 async def _kill_first_worker() -> int:
-    me = psutil.Process(os.getpid())
     for _ in range(600):
-        for child in me.children():
+        for child in worker_processes():
             try:
-                if "sandbox.worker" in " ".join(child.cmdline()):
-                    await asyncio.sleep(1.0)  # let it start its harness
-                    os.kill(child.pid, signal.SIGKILL)
-                    return child.pid
-            except psutil.Error:
+                await asyncio.sleep(1.0)  # let it start its harness
+                os.kill(child.pid, signal.SIGKILL)
+                return child.pid
+            except ProcessLookupError:
                 continue
         await asyncio.sleep(0.05)
     raise AssertionError("no worker process appeared")
