@@ -1,5 +1,6 @@
-"""One worker process of the pool (``python -m sandbox.worker``): its request, environment, limits,
-key and gate socket, the watchdog that kills it for forking or memory, and its tagged verdict line.
+"""One worker process of the pool (``python -m sandbox.worker``, or for a host run step a fork of the
+pool's zygote, sandbox/zygote.py): its request, environment, limits, key and gate socket, the
+watchdog that kills it for forking or memory, and its tagged verdict line.
 
 The pool (sandbox/pool.py) decides *what* runs (a compile, run or probe step, on which device, how
 often); this module *how* one such process runs and what its outcome is.

@@ -135,9 +135,10 @@ def _become_worker(ctl: socket.socket, msg: dict[str, Any], fds: list[int]) -> i
     mark_environment_block(env[MARKER])
     os.environ.clear()
     os.environ.update(env)
+    started_in = os.getcwd()
     os.chdir(msg["cwd"])
-    if sys.path and sys.path[0] == msg["zygote_cwd"]:
-        sys.path[0] = msg["cwd"]  # `python -m` puts the worker's cwd first; read roots follow sys.path
+    if sys.path and sys.path[0] == started_in:
+        sys.path[0] = os.getcwd()  # `python -m` puts its cwd first: the work dir, as a fresh worker's read roots
     tempfile.tempdir = None   # computed again from this step's TMPDIR
     random.seed()             # a fresh interpreter's state, not the zygote's
     from sandbox import worker
@@ -274,7 +275,7 @@ class Zygote:
         ident = self._next
         answer: asyncio.Future = loop.create_future()
         self._spawns[ident] = answer
-        msg = {"id": ident, "env": env, "cwd": cwd, "zygote_cwd": self.cwd, "fds": [0, 1, 2, *passed]}
+        msg = {"id": ident, "env": env, "cwd": cwd, "fds": [0, 1, 2, *passed]}
         try:
             socket.send_fds(self.ctl, [json.dumps(msg).encode()], [in_r, out_w, err_w, *passed])
             pid, pidfd = await asyncio.wait_for(answer, 30.0)
