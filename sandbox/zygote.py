@@ -192,8 +192,8 @@ class ForkedWorker:
                  stderr: asyncio.StreamReader, status: asyncio.Future, transports: list[asyncio.BaseTransport]):
         self.pid, self.stdin, self.stdout, self.stderr = pid, stdin, stdout, stderr
         self.returncode: int | None = None
-        self._pidfd, self._status = pidfd, status
-        self._transport = _Closer(transports, pidfd)  # sandbox.launch.release_transport closes it
+        self._pidfd, self._status, self._transports = pidfd, status, transports
+        self._transport = self  # what sandbox.launch.release_transport closes, as on asyncio's Process
 
     async def wait(self) -> int | None:
         loop = asyncio.get_running_loop()
@@ -211,17 +211,12 @@ class ForkedWorker:
             self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
-
-class _Closer:
-    def __init__(self, transports: list[asyncio.BaseTransport], pidfd: int):
-        self.transports, self.pidfd = transports, pidfd
-
     def close(self) -> None:
-        for t in self.transports:
+        for t in self._transports:
             t.close()
-        if self.pidfd >= 0:
-            os.close(self.pidfd)
-            self.pidfd = -1
+        if self._pidfd >= 0:
+            os.close(self._pidfd)
+            self._pidfd = -1
 
 
 class Zygote:
