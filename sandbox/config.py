@@ -71,6 +71,7 @@ class SandboxConfig:
     output_tail_bytes: int = MISSING       # how much of a worker's stdout/stderr is kept
     lost_worker_retries: int = MISSING     # a worker that vanished without a verdict is rerun this often
     keep_workdirs: bool = MISSING          # keep per-evaluation dirs (debugging)
+    zygote_worker: bool = MISSING          # host run steps fork from a pre-imported worker (sandbox/zygote.py), not a new python
 
 
 def load_default_config(path: str | Path | None = None, **overrides: Any) -> SandboxConfig:

@@ -1,5 +1,6 @@
-"""One worker process of the pool (``python -m sandbox.worker``): its request, environment, limits,
-key and gate socket, the watchdog that kills it for forking or memory, and its tagged verdict line.
+"""One worker process of the pool (``python -m sandbox.worker``, or for a host run step a fork of the
+pool's zygote, sandbox/zygote.py): its request, environment, limits, key and gate socket, the
+watchdog that kills it for forking or memory, and its tagged verdict line.
 
 The pool (sandbox/pool.py) decides *what* runs (a compile, run or probe step, on which device, how
 often); this module *how* one such process runs and what its outcome is.
@@ -23,15 +24,17 @@ import psutil
 
 from sandbox import devices, sweep
 from sandbox.build import step_path
-from sandbox.config import SandboxConfig
+from sandbox.config import EvalConfig
 from sandbox.device_gate import DeviceGate, Grant, serve_gate
-from sandbox.result import SandboxResult
+from sandbox.result import EvalResult
 from sandbox.wire import KEY_BYTES, MARKER, MAX_LINE_BYTES, Isolation, Limits, StepRequest, read_result_line
+from sandbox.zygote import ForkedWorker, Zygotes
 
 PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 _ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
               "CUDA_ROOT", "CC", "CXX", "NVCC_CCBIN", "NVIDIA_DRIVER_CAPABILITIES", "TRITON_PTXAS_PATH",
               "TRITON_LIBCUDA_PATH", "VIRTUAL_ENV")
+WorkerProcess = asyncio.subprocess.Process | ForkedWorker   # a fresh interpreter, or forked by a zygote
 _ENV_DENY = re.compile(r"TOKEN|KEY|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|^AWS_|^WANDB_|^HF_|^HUGGING|^GITHUB|"
                        r"^SSH_|^GOOGLE_|^AZURE_|^OPENAI|^ANTHROPIC", re.IGNORECASE)
 
@@ -60,10 +63,11 @@ class Launcher:
 
     def __init__(self, cache: Path, narrow_header_dir: str):
         self.cache, self.narrow_header_dir = cache, narrow_header_dir
-        self.live: set[asyncio.subprocess.Process] = set()
+        self.live: set[WorkerProcess] = set()
         self.next_core = 0
+        self.zygotes = Zygotes(str(cache / "zygote"))
 
-    def cpu_set(self, cfg: SandboxConfig) -> list[int]:
+    def cpu_set(self, cfg: EvalConfig) -> list[int]:
         """The cores one step may run on (in turn over the machine's): affinity, not advice."""
         cores = sorted(os.sched_getaffinity(0))
         n = min(cfg.cpu_threads, len(cores))
@@ -72,7 +76,7 @@ class Launcher:
         return [cores[(start + i) % len(cores)] for i in range(n)]
 
     async def step(self, req: dict[str, Any], mode: str, bkey: str, workdir: Path, eval_id: str,
-                    cfg: SandboxConfig, backend: str, gpu: tuple[int, str] | None, arch: str,
+                    cfg: EvalConfig, backend: str, gpu: tuple[int, str] | None, arch: str,
                     limit_s: float, drop: tuple[str, ...] = (), gate: DeviceGate | None = None,
                     visible: int | None = None, need: int | None = None,
                     ref_time: tuple[Any, Any] | None = None) -> StepOutcome:
@@ -131,10 +135,15 @@ class Launcher:
                 gate_ours, gate_theirs = socket.socketpair()
                 step.gate_fd = gate_theirs.fileno()
                 passed.append(gate_theirs.fileno())
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "sandbox.worker", stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(workdir),
-                env=scrubbed_env(extra), start_new_session=True, limit=MAX_LINE_BYTES, pass_fds=tuple(passed))
+            # a host run step forks from a pre-imported zygote (sandbox/zygote.py); a GPU, compile or
+            # probe step, or one the zygote cannot fork, starts a fresh interpreter
+            forkable = cfg.zygote_worker and mode == "run" and gpu is None and visible is None
+            proc = await self.zygotes.fork(scrubbed_env(extra), str(workdir), passed) if forkable else None
+            if proc is None:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "sandbox.worker", stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(workdir),
+                    env=scrubbed_env(extra), start_new_session=True, limit=MAX_LINE_BYTES, pass_fds=tuple(passed))
         except OSError as exc:
             if gate_ours is not None:
                 gate_ours.close()
@@ -219,7 +228,7 @@ class Launcher:
             return StepOutcome(None, detail=detail, **extra_out)
         return StepOutcome(data, **extra_out)
 
-    async def _watch(self, proc: asyncio.subprocess.Process, cfg: SandboxConfig, rlimit_as: bool,
+    async def _watch(self, proc: WorkerProcess, cfg: EvalConfig, rlimit_as: bool,
                      watch: dict[str, str], build_dir: Path | None = None) -> None:
         """Kill the worker's group when it forks too much, (without RLIMIT_AS) uses too much memory,
         or (a compile step, ``build_dir``) fills its build dir past the quota: the one place an
@@ -244,25 +253,25 @@ class Launcher:
             return
 
 
-def step_result(out: StepOutcome, mode: str, cfg: SandboxConfig) -> SandboxResult:
-    """The SandboxResult of a worker's outcome: the pool's kill reasons first, then the worker's own verdict."""
+def step_result(out: StepOutcome, mode: str, cfg: EvalConfig) -> EvalResult:
+    """The EvalResult of a worker's outcome: the pool's kill reasons first, then the worker's own verdict."""
     if out.killed_for == "timeout":
         kind = "compile_timeout" if mode == "compile" else "timeout"
         limit = cfg.compile_timeout_s if mode == "compile" else cfg.run_timeout_s
-        return SandboxResult.failure(kind, f"{mode} step ran past its wall limit ({limit:g} s)",
+        return EvalResult.failure(kind, f"{mode} step ran past its wall limit ({limit:g} s)",
                                   stage="compile" if mode == "compile" else "correctness")
     if out.killed_for == "processes":
-        return SandboxResult.failure("runtime_error", out.detail, stage="correctness")
+        return EvalResult.failure("runtime_error", out.detail, stage="correctness")
     if out.killed_for == "quota":
-        return SandboxResult.failure("compile_error", out.detail, stage="compile")
+        return EvalResult.failure("compile_error", out.detail, stage="compile")
     if out.killed_for == "memory":
-        return SandboxResult.failure("memory_limit", out.detail, stage="correctness")
+        return EvalResult.failure("memory_limit", out.detail, stage="correctness")
     if out.data is None:
-        return SandboxResult.failure("sandbox_error", f"the {mode} worker was lost twice: {out.detail}")
-    return SandboxResult.from_dict(out.data)
+        return EvalResult.failure("sandbox_error", f"the {mode} worker was lost twice: {out.detail}")
+    return EvalResult.from_dict(out.data)
 
 
-def kill_group(proc: asyncio.subprocess.Process) -> None:
+def kill_group(proc: WorkerProcess) -> None:
     # The worker leads its own session; killing its group kills the PID-namespace init with it,
     # and the kernel then kills everything left in the namespace.
     try:
@@ -301,7 +310,7 @@ def key_socket(key: bytes) -> socket.socket:
     return theirs
 
 
-async def write_raw(proc: asyncio.subprocess.Process, data: bytes, close: bool) -> None:
+async def write_raw(proc: WorkerProcess, data: bytes, close: bool) -> None:
     assert proc.stdin is not None
     proc.stdin.write(data)
     await proc.stdin.drain()
@@ -309,7 +318,7 @@ async def write_raw(proc: asyncio.subprocess.Process, data: bytes, close: bool) 
         proc.stdin.close()
 
 
-def over_quota(build_dir: Path, cfg: SandboxConfig) -> str | None:
+def over_quota(build_dir: Path, cfg: EvalConfig) -> str | None:
     """Why a build dir is over its quota (bytes, files), or None."""
     total = files = 0
     for root, _dirs, names in os.walk(build_dir):
@@ -323,6 +332,22 @@ def over_quota(build_dir: Path, cfg: SandboxConfig) -> str | None:
         return (f"the build left {files} files, {total / 2**20:.0f} MiB in its build dir, over the quota "
                 f"({cfg.max_build_dir_files} files, {cfg.max_build_dir_bytes / 2**20:.0f} MiB)")
     return None
+
+
+def worker_processes(pid: int | None = None) -> list[psutil.Process]:
+    """The step workers (outer processes) of the pools in process ``pid`` (this one by default): its
+    children started as ``sandbox.worker`` and the children of its zygotes (sandbox/zygote.py)."""
+    out = []
+    for child in psutil.Process(pid or os.getpid()).children():
+        try:
+            title = " ".join(child.cmdline())
+            if "sandbox.worker" in title:
+                out.append(child)
+            elif "sandbox.zygote" in title:
+                out += child.children()
+        except psutil.Error:
+            continue
+    return out
 
 
 def _tree_usage(pid: int) -> tuple[int, int]:
@@ -340,7 +365,7 @@ def _tree_usage(pid: int) -> tuple[int, int]:
     return len(procs), rss
 
 
-def release_transport(proc: asyncio.subprocess.Process) -> None:
+def release_transport(proc: WorkerProcess) -> None:
     """Close the subprocess transport now. Left to the garbage collector, it is finalised after
     the event loop has closed ("Event loop is closed" warnings), and such finalizers running
     inside CPython 3.11's AST constructor made a later ``ast.parse`` fail (seen in CI)."""

@@ -142,6 +142,7 @@ class SandboxPool:
         await self._builds.aclose()
         for proc in list(self._launcher.live):
             kill_group(proc)
+        self._launcher.zygotes.close()
         await self._builds.drain()
         if self._own_cache:
             await asyncio.to_thread(shutil.rmtree, self.cache, True)

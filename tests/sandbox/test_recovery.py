@@ -5,9 +5,8 @@ import asyncio
 import os
 import signal
 
-import psutil
-
-from sandbox.pool import SandboxPool
+from sandbox.launch import worker_processes
+from sandbox.pool import EvalPool
 from tests.sandbox.conftest import fixture_source
 
 SLOW_CORRECT = ("import time\nimport torch.nn as nn\n"
@@ -18,22 +17,20 @@ SLOW_CORRECT = ("import time\nimport torch.nn as nn\n"
 
 
 async def _kill_first_worker() -> int:
-    me = psutil.Process(os.getpid())
     for _ in range(600):
-        for child in me.children():
+        for child in worker_processes():
             try:
-                if "sandbox.worker" in " ".join(child.cmdline()):
-                    await asyncio.sleep(1.0)  # let it start its harness
-                    os.kill(child.pid, signal.SIGKILL)
-                    return child.pid
-            except psutil.Error:
+                await asyncio.sleep(1.0)  # let it start its harness
+                os.kill(child.pid, signal.SIGKILL)
+                return child.pid
+            except ProcessLookupError:
                 continue
         await asyncio.sleep(0.05)
     raise AssertionError("no worker process appeared")
 
 
 async def test_a_lost_worker_is_retried_and_the_evaluation_still_completes(sandbox_cfg):
-    async with SandboxPool(sandbox_cfg) as pool:
+    async with EvalPool(sandbox_cfg) as pool:
         killer = asyncio.ensure_future(_kill_first_worker())
         res = await pool.evaluate(fixture_source("tasks/relu.py"), SLOW_CORRECT, "cpu")
         await killer
@@ -48,6 +45,6 @@ async def test_the_cuda_backend_without_a_gpu_is_a_sandbox_error_not_a_crash(san
 
     if shutil.which("nvidia-smi"):
         pytest.skip("a GPU driver is present")
-    async with SandboxPool(sandbox_cfg) as pool:
+    async with EvalPool(sandbox_cfg) as pool:
         res = await pool.evaluate(fixture_source("tasks/relu.py"), SLOW_CORRECT, "cuda")
     assert res.error_kind == "sandbox_error" and "GPU" in res.error and not res.correct
