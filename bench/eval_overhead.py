@@ -44,16 +44,16 @@ def import_times(repeats: int) -> dict[str, dict[str, float]]:
     return out
 
 
-VARIANTS = {"fresh": False, "zygote": True}   # row prefix -> EvalConfig.zygote_worker
+VARIANTS = {"fresh": False, "zygote": True}   # row prefix -> SandboxConfig.zygote_worker
 
 
 async def evaluations(task_id: str, n: int, variants: list[str]) -> dict[str, list[dict[str, Any]]]:
     from rewards.tasks.loader import load_builtin
     from sandbox.config import load_default_config
-    from sandbox.pool import EvalPool
+    from sandbox.pool import SandboxPool
 
     task = {t.id: t for t in load_builtin(profile="cpu")}[task_id]
-    pools = {v: EvalPool(load_default_config(max_concurrent=1, compile_workers=1, zygote_worker=VARIANTS[v]))
+    pools = {v: SandboxPool(load_default_config(max_concurrent=1, compile_workers=1, zygote_worker=VARIANTS[v]))
              for v in variants}
     rows: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     try:

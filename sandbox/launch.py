@@ -24,9 +24,9 @@ import psutil
 
 from sandbox import devices, sweep
 from sandbox.build import step_path
-from sandbox.config import EvalConfig
+from sandbox.config import SandboxConfig
 from sandbox.device_gate import DeviceGate, Grant, serve_gate
-from sandbox.result import EvalResult
+from sandbox.result import SandboxResult
 from sandbox.wire import KEY_BYTES, MARKER, MAX_LINE_BYTES, Isolation, Limits, StepRequest, read_result_line
 from sandbox.zygote import ForkedWorker, Zygotes
 
@@ -67,7 +67,7 @@ class Launcher:
         self.next_core = 0
         self.zygotes = Zygotes(str(cache / "zygote"))
 
-    def cpu_set(self, cfg: EvalConfig) -> list[int]:
+    def cpu_set(self, cfg: SandboxConfig) -> list[int]:
         """The cores one step may run on (in turn over the machine's): affinity, not advice."""
         cores = sorted(os.sched_getaffinity(0))
         n = min(cfg.cpu_threads, len(cores))
@@ -76,7 +76,7 @@ class Launcher:
         return [cores[(start + i) % len(cores)] for i in range(n)]
 
     async def step(self, req: dict[str, Any], mode: str, bkey: str, workdir: Path, eval_id: str,
-                    cfg: EvalConfig, backend: str, gpu: tuple[int, str] | None, arch: str,
+                    cfg: SandboxConfig, backend: str, gpu: tuple[int, str] | None, arch: str,
                     limit_s: float, drop: tuple[str, ...] = (), gate: DeviceGate | None = None,
                     visible: int | None = None, need: int | None = None,
                     ref_time: tuple[Any, Any] | None = None) -> StepOutcome:
@@ -228,7 +228,7 @@ class Launcher:
             return StepOutcome(None, detail=detail, **extra_out)
         return StepOutcome(data, **extra_out)
 
-    async def _watch(self, proc: WorkerProcess, cfg: EvalConfig, rlimit_as: bool,
+    async def _watch(self, proc: WorkerProcess, cfg: SandboxConfig, rlimit_as: bool,
                      watch: dict[str, str], build_dir: Path | None = None) -> None:
         """Kill the worker's group when it forks too much, (without RLIMIT_AS) uses too much memory,
         or (a compile step, ``build_dir``) fills its build dir past the quota: the one place an
@@ -253,22 +253,22 @@ class Launcher:
             return
 
 
-def step_result(out: StepOutcome, mode: str, cfg: EvalConfig) -> EvalResult:
-    """The EvalResult of a worker's outcome: the pool's kill reasons first, then the worker's own verdict."""
+def step_result(out: StepOutcome, mode: str, cfg: SandboxConfig) -> SandboxResult:
+    """The SandboxResult of a worker's outcome: the pool's kill reasons first, then the worker's own verdict."""
     if out.killed_for == "timeout":
         kind = "compile_timeout" if mode == "compile" else "timeout"
         limit = cfg.compile_timeout_s if mode == "compile" else cfg.run_timeout_s
-        return EvalResult.failure(kind, f"{mode} step ran past its wall limit ({limit:g} s)",
+        return SandboxResult.failure(kind, f"{mode} step ran past its wall limit ({limit:g} s)",
                                   stage="compile" if mode == "compile" else "correctness")
     if out.killed_for == "processes":
-        return EvalResult.failure("runtime_error", out.detail, stage="correctness")
+        return SandboxResult.failure("runtime_error", out.detail, stage="correctness")
     if out.killed_for == "quota":
-        return EvalResult.failure("compile_error", out.detail, stage="compile")
+        return SandboxResult.failure("compile_error", out.detail, stage="compile")
     if out.killed_for == "memory":
-        return EvalResult.failure("memory_limit", out.detail, stage="correctness")
+        return SandboxResult.failure("memory_limit", out.detail, stage="correctness")
     if out.data is None:
-        return EvalResult.failure("sandbox_error", f"the {mode} worker was lost twice: {out.detail}")
-    return EvalResult.from_dict(out.data)
+        return SandboxResult.failure("sandbox_error", f"the {mode} worker was lost twice: {out.detail}")
+    return SandboxResult.from_dict(out.data)
 
 
 def kill_group(proc: WorkerProcess) -> None:
@@ -318,7 +318,7 @@ async def write_raw(proc: WorkerProcess, data: bytes, close: bool) -> None:
         proc.stdin.close()
 
 
-def over_quota(build_dir: Path, cfg: EvalConfig) -> str | None:
+def over_quota(build_dir: Path, cfg: SandboxConfig) -> str | None:
     """Why a build dir is over its quota (bytes, files), or None."""
     total = files = 0
     for root, _dirs, names in os.walk(build_dir):

@@ -13,7 +13,7 @@ import psutil
 from rewards.config import load_reward_config
 from rewards.score import score_result
 from sandbox.launch import worker_processes
-from sandbox.pool import EvalPool
+from sandbox.pool import SandboxPool
 from tests.sandbox.conftest import fixture_source
 
 RELU = fixture_source("tasks/relu.py")
@@ -62,7 +62,7 @@ async def kill_workers_for(seconds: float, settle_s: float = 0.8) -> int:
 
 
 async def test_one_worker_killed_mid_batch_is_retried_and_the_batch_completes(sandbox_cfg):
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         batch = [asyncio.ensure_future(pool.evaluate(RELU, slow_correct(f"a{i}"), "cpu")) for i in range(4)]
         for _ in range(400):
             live = workers()
@@ -80,7 +80,7 @@ async def test_the_whole_pool_killed_mid_batch_scores_zero_with_the_reason_and_s
     """Every worker is killed for a while (as if the pool's processes were all lost): each
     evaluation in flight is run again once, then ends as a sandbox_error with score 0."""
     reward_cfg = load_reward_config("kernel", backend="cpu")
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         batch = [asyncio.ensure_future(pool.evaluate(RELU, slow_correct(f"b{i}", 1.0), "cpu")) for i in range(3)]
         killer = asyncio.ensure_future(kill_workers_for(30.0))
         results = await asyncio.wait_for(asyncio.gather(*batch), timeout=240)
@@ -97,7 +97,7 @@ async def test_a_hung_evaluation_is_cut_and_does_not_stall_the_others(sandbox_cf
     hung = ("import torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
             "        while True:\n            pass\n")
     t0 = time.monotonic()
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         fast = [asyncio.ensure_future(pool.evaluate(RELU, slow_correct(f"c{i}", 0.0), "cpu")) for i in range(3)]
         slow = asyncio.ensure_future(pool.evaluate(RELU, hung, "cpu", run_timeout_s=8.0))
         done_fast = await asyncio.wait_for(asyncio.gather(*fast), timeout=120)
@@ -117,7 +117,7 @@ async def test_a_kernel_that_never_ends_is_cut_at_its_call_limit_once_the_refere
     the step's 60 s limit, and is not run again alone."""
     hung = ("import torch.nn as nn\nTAG = 'call'\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
             "        while True:\n            pass\n")
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         first = await asyncio.wait_for(pool.evaluate(RELU, CORRECT, "cpu"), timeout=120)
         assert first.correct and first.ref_runtime_ms, first
         t0 = time.monotonic()

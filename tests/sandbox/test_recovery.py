@@ -6,7 +6,7 @@ import os
 import signal
 
 from sandbox.launch import worker_processes
-from sandbox.pool import EvalPool
+from sandbox.pool import SandboxPool
 from tests.sandbox.conftest import fixture_source
 
 SLOW_CORRECT = ("import time\nimport torch.nn as nn\n"
@@ -30,7 +30,7 @@ async def _kill_first_worker() -> int:
 
 
 async def test_a_lost_worker_is_retried_and_the_evaluation_still_completes(sandbox_cfg):
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         killer = asyncio.ensure_future(_kill_first_worker())
         res = await pool.evaluate(fixture_source("tasks/relu.py"), SLOW_CORRECT, "cpu")
         await killer
@@ -45,6 +45,6 @@ async def test_the_cuda_backend_without_a_gpu_is_a_sandbox_error_not_a_crash(san
 
     if shutil.which("nvidia-smi"):
         pytest.skip("a GPU driver is present")
-    async with EvalPool(sandbox_cfg) as pool:
+    async with SandboxPool(sandbox_cfg) as pool:
         res = await pool.evaluate(fixture_source("tasks/relu.py"), SLOW_CORRECT, "cuda")
     assert res.error_kind == "sandbox_error" and "GPU" in res.error and not res.correct

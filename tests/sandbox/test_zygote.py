@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from sandbox.pool import EvalPool
+from sandbox.pool import SandboxPool
 from tests.sandbox import test_adversarial as adversarial
 from tests.sandbox import test_verdict_line as verdict_line
 from tests.sandbox.conftest import fixture_source
@@ -26,14 +26,14 @@ def zygote_cfg(sandbox_cfg):
     return dataclasses.replace(sandbox_cfg, zygote_worker=True)
 
 
-def _zygote_pids(pool: EvalPool) -> list[int]:
+def _zygote_pids(pool: SandboxPool) -> list[int]:
     return [z.proc.pid for z in pool._launcher.zygotes.by_env.values() if z.alive and z.proc is not None]
 
 
 async def test_a_cache_hit_through_the_zygote_equals_the_fresh_workers(sandbox_cfg):
     results = {}
     for forked in (False, True):
-        async with EvalPool(dataclasses.replace(sandbox_cfg, zygote_worker=forked)) as pool:
+        async with SandboxPool(dataclasses.replace(sandbox_cfg, zygote_worker=forked)) as pool:
             results[forked] = [await pool.evaluate(RELU, CACHE_HIT, "cpu") for _ in range(2)]
             assert len(_zygote_pids(pool)) == int(forked)
     fresh, forked = results[False][-1], results[True][-1]
@@ -60,7 +60,7 @@ async def test_nothing_one_step_sets_reaches_the_next(zygote_cfg):
         "found += ['environ'] if 'ZYGOTE_MARK' in os.environ else []\n"
         "if found:\n    raise RuntimeError(f'left by an earlier step: {found}')\n"
         "class ModelNew(nn.Module):\n    def forward(self, x):\n        return x.clamp_min(0)\n")
-    async with EvalPool(zygote_cfg) as pool:
+    async with SandboxPool(zygote_cfg) as pool:
         first = await pool.evaluate(RELU, marking, "cpu")
         zygotes = _zygote_pids(pool)
         second = await pool.evaluate(RELU, checking, "cpu")
@@ -70,7 +70,7 @@ async def test_nothing_one_step_sets_reaches_the_next(zygote_cfg):
 
 
 async def test_a_killed_zygote_is_replaced_and_no_step_is_lost(zygote_cfg):
-    async with EvalPool(zygote_cfg) as pool:
+    async with SandboxPool(zygote_cfg) as pool:
         assert (await pool.evaluate(RELU, CORRECT, "cpu")).correct
         [old] = _zygote_pids(pool)
         os.kill(old, signal.SIGKILL)
@@ -88,7 +88,7 @@ async def test_a_killed_zygote_is_replaced_and_no_step_is_lost(zygote_cfg):
 async def test_where_the_zygote_cannot_fork_safely_steps_get_fresh_workers(zygote_cfg):
     # OMP_NUM_THREADS > 1 makes torch's import start a second thread: the zygote refuses to fork
     # (a fork copies only the calling thread, and whatever locks the other held), once for good
-    async with EvalPool(dataclasses.replace(zygote_cfg, cpu_threads=2)) as pool:
+    async with SandboxPool(dataclasses.replace(zygote_cfg, cpu_threads=2)) as pool:
         first = await pool.evaluate(RELU, CORRECT, "cpu")
         second = await pool.evaluate(RELU, CORRECT, "cpu")
         zygotes = pool._launcher.zygotes
