@@ -21,14 +21,14 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from pipeline.algorithms.config import AlgorithmConfig
-from pipeline.checkpoint import CheckpointConfig
+from pipeline.checkpoint_config import CheckpointConfig
 from pipeline.evaluate_config import EvaluateConfig
+from pipeline.logger_config import LoggerConfig
 from pipeline.loop_config import PipelineConfig
-from pipeline.metrics import LoggerConfig
 from pipeline.models.config import ModelConfig
-from pipeline.resources import ResourcesConfig
-from pipeline.rollout import RolloutConfig
-from pipeline.sft import SftConfig
+from pipeline.resources_config import ResourcesConfig
+from pipeline.rollout_config import RolloutConfig
+from pipeline.sft_config import SftConfig
 from pipeline.trainer.config import TrainerConfig
 from rewards.interface import ENVS, EvalConfig, RewardConfig, ToyEnvConfig, check_env_config
 

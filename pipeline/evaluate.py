@@ -27,8 +27,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.beam import BeamConfig, beam_metrics, beam_search, check_beam
-from pipeline.evaluate_config import SEARCHES
+from pipeline.beam import beam_metrics, beam_search, check_beam
+from pipeline.evaluate_config import SEARCHES, BeamConfig
 from pipeline.eval_metrics import summarize
 from pipeline.sample import Sample
 from pipeline.conf_files import CONF_PATH

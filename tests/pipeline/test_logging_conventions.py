@@ -9,7 +9,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from pipeline.metric_names import logged_name, peak_flops, to_logged
-from pipeline.metrics import LoggerConfig, MetricsLogger, env_metrics, eval_latency_metrics, score_metrics
+from pipeline.logger_config import LoggerConfig
+from pipeline.metrics import MetricsLogger, env_metrics, eval_latency_metrics, score_metrics
 from pipeline.sample import Sample
 from pipeline.timeline import main as timeline_main, step_timings
 from pipeline.wandb_setup import has_stored_login, resolve_mode, sweep_names
