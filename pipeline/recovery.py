@@ -8,7 +8,7 @@ import asyncio
 import sys
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 
 from pipeline.parts import GeneratedBatch, Trainer
 

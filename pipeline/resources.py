@@ -21,9 +21,12 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.resources_config import ResourcesConfig
+
+if TYPE_CHECKING:
+    from pipeline.config import Config
 
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -303,7 +306,7 @@ def evaluator_memory_share(cfg: ResourcesConfig, colocated: bool, engine: str,
     return (share, why) if share < sandbox_share else None
 
 
-def leave_room_for_pools(cfg: Any, colocated: bool) -> None:
+def leave_room_for_pools(cfg: Config, colocated: bool) -> None:
     """Kernel evaluations on the sampler's own GPU reserve only what the engine and a colocated
     trainer leave of it (``sandbox.gpu_memory_share`` of the job's config lowered to that, and said
     so; ``colocated``: the trainer shares the sampler's GPU): the sandbox's

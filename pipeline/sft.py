@@ -15,7 +15,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -23,8 +23,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.conf_files import CONF_PATH
 
+if TYPE_CHECKING:
+    from pipeline.algorithms.config import AlgorithmConfig
+    from pipeline.config import Config
+    from pipeline.models.config import ModelConfig
+    from pipeline.sft_config import SftConfig
+    from pipeline.trainer.config import TrainerConfig
+    from rewards.env import KernelEnv
 
-def conversations(conf: Any, env: Any) -> list[Any]:
+
+def conversations(conf: Config, env: KernelEnv) -> list[Any]:
     from pipeline.sft_data import corpus_conversations, jsonl_conversations
 
     s = conf.sft
@@ -39,7 +47,7 @@ def conversations(conf: Any, env: Any) -> list[Any]:
     return jsonl_conversations(s.data, known)
 
 
-def check(conf: Any) -> None:
+def check(conf: Config) -> None:
     errors = []
     if conf.sft.epochs < 1:
         errors.append(f"sft.epochs={conf.sft.epochs}: expected >= 1")
@@ -73,10 +81,10 @@ def run(cfg: DictConfig, run_dir: str | Path) -> Path:
     from rewards.env import KernelEnv
 
     run_dir = Path(run_dir)
-    check_required(cfg)
+    conf = cast("Config", cfg)  # Hydra's typed DictConfig of Config (pipeline.config.preflight says why)
+    check_required(conf)
     OmegaConf.resolve(cfg)
     resolved = OmegaConf.to_container(cfg)
-    conf: Any = cfg
     check_config(conf)
     check(conf)
     s = conf.sft
@@ -120,8 +128,8 @@ class LocalTrainer:
     """``TrainerGroup``'s SFT surface over one :class:`TrainerWorker` in this process (world size
     1 on gloo or NCCL): the same worker code, plan and checkpoint writer."""
 
-    def __init__(self, model_cfg: Any, trainer_cfg: Any, algo_cfg: Any, max_response_length: int,
-                 temperature: float, total_optim_steps: int) -> None:
+    def __init__(self, model_cfg: ModelConfig, trainer_cfg: TrainerConfig, algo_cfg: AlgorithmConfig,
+                 max_response_length: int, temperature: float, total_optim_steps: int) -> None:
         from pipeline.trainer import TrainerWorker
         from pipeline.trainer.worker import free_port
 
@@ -150,7 +158,7 @@ class LocalTrainer:
         self.worker.shutdown()
 
 
-def train(trainer: Any, logger: Any, rows: list[Any], pad_token_id: int, s: Any, total: int,
+def train(trainer: Any, logger: Any, rows: list[Any], pad_token_id: int, s: SftConfig, total: int,
           progress: bool, out: Path) -> Path:
     from tqdm import tqdm
 
