@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Protocol, runtime_checkable
 
+from pipeline.checkpoint_config import CheckpointConfig
 from pipeline.sample import Sample
 from pipeline.timeline import Timeline
 
@@ -83,14 +84,6 @@ class Logger(Protocol):
         ...
 
 
-@runtime_checkable
-class CheckpointSettings(Protocol):
-    every: int
-    at_end: bool
-    dir: str
-    keep_last: int
-
-
 @dataclass
 class GeneratedBatch:
     step: int
@@ -125,6 +118,6 @@ class LoopParts:
     expected_samples: int            # per batch, for the progress bar
     logger: Logger                   # MetricsLogger
     run_dir: Path
-    checkpoint_cfg: CheckpointSettings
+    checkpoint_cfg: CheckpointConfig
     decode: Callable[[list[int]], str] = lambda ids: ""   # token ids -> text (episode table)
     timeline: Timeline = field(default_factory=Timeline)

@@ -294,3 +294,25 @@ def test_the_samplers_batch_stats_are_logged_with_the_step_that_trains_the_batch
     history = asyncio.run(loop.run())
     assert [h["rollout/samples"] for h in history] == [4.0, 4.0, 4.0]  # 2 tasks x 2 trajectories
     assert [len(b) for b in trainer.batches] == [4, 4, 4]
+
+
+def test_the_real_parts_have_every_member_their_protocol_declares():
+    """What the loop calls on the real parts (the fakes above satisfy the Protocols by
+    construction): a member renamed on one side fails here, not in a run's restart path."""
+    import inspect
+
+    from pipeline.metrics import MetricsLogger
+    from pipeline.sampler import SamplerGroup
+    from pipeline.trainer import TrainerGroup
+
+    for protocol, real in ((Samplers, SamplerGroup), (Trainer, TrainerGroup), (Logger, MetricsLogger)):
+        methods = [n for n, v in vars(protocol).items() if callable(v) and not n.startswith("_")]
+        fields = list(protocol.__annotations__)
+        assert methods, protocol
+        for name in methods:
+            assert callable(getattr(real, name, None)), f"{real.__name__} has no {name}()"
+            declared = inspect.signature(getattr(protocol, name)).parameters
+            have = inspect.signature(getattr(real, name)).parameters
+            assert list(declared) == list(have)[:len(declared)], (real.__name__, name)
+        for name in fields:  # data members are set on the instance
+            assert f"self.{name} =" in inspect.getsource(real), f"{real.__name__} sets no {name}"
