@@ -77,7 +77,8 @@ def main() -> None:
     import torch
 
     from pipeline.models.config import ModelConfig
-    from pipeline.resources import ResourcesConfig, create_resource_pools, init_ray
+    from pipeline.resources import create_resource_pools, init_ray
+    from pipeline.resources_config import ResourcesConfig
     from pipeline.rollout_config import load_rollout_config
     from pipeline.sampler import SamplerGroup
     from pipeline.trainer import TrainerConfig, TrainerGroup

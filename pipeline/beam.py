@@ -17,21 +17,12 @@ import statistics
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from omegaconf import MISSING
-
 from pipeline.eval_metrics import summarize
+from pipeline.evaluate_config import BeamConfig
 from pipeline.rollout import Start, Starts, turn_of
 from pipeline.sample import Sample
 
 TrajKey = tuple[str, int, int]  # (task_id, round, traj)
-
-
-@dataclass
-class BeamConfig:
-    width: int = MISSING            # trajectories per task in every round (Kevin: 16)
-    keep: int = MISSING             # best trajectories kept after a round (Kevin: 4)
-    turns_per_round: int = MISSING  # turns between two selections (Kevin: 4)
-    rounds: int = MISSING           # the budget: rounds x turns_per_round turns
 
 
 def check_beam(beam: BeamConfig, ks: Iterable[int]) -> list[str]:

@@ -13,23 +13,13 @@ import pickle
 import random
 import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import MISSING
 
 _NAME = re.compile(r"^step_(\d+)$")
-
-
-@dataclass
-class CheckpointConfig:
-    every: int = MISSING        # save every k training steps (0: only at the end)
-    keep_last: int = MISSING    # how many to keep (0: all)
-    dir: str = MISSING          # under the run dir
-    at_end: bool = MISSING      # also save after the last step
 
 
 def rng_state() -> dict[str, Any]:

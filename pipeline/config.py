@@ -14,21 +14,22 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from pipeline.algorithms.config import AlgorithmConfig
-from pipeline.checkpoint import CheckpointConfig
+from pipeline.checkpoint_config import CheckpointConfig
 from pipeline.evaluate_config import EvaluateConfig
+from pipeline.logger_config import LoggerConfig
 from pipeline.loop_config import PipelineConfig
-from pipeline.metrics import LoggerConfig
 from pipeline.models.config import ModelConfig
-from pipeline.resources import ResourcesConfig
-from pipeline.rollout import RolloutConfig
-from pipeline.sft import SftConfig
+from pipeline.resources_config import ResourcesConfig
+from pipeline.rollout_config import RolloutConfig
+from pipeline.sft_config import SftConfig
 from pipeline.trainer.config import TrainerConfig
 from rewards.interface import ENVS, SandboxConfig, RewardConfig, ToyEnvConfig, check_env_config
 
@@ -63,7 +64,7 @@ class ConfigError(ValueError):
 RESUME_MODES = ("auto", "never", "force")
 
 
-def check_required(cfg: Any) -> None:
+def check_required(cfg: Config) -> None:
     """Values without a default that the run needs, asked before anything reads them (OmegaConf
     would otherwise stop at the first read with a traceback)."""
     if OmegaConf.is_missing(cfg.model, "path"):
@@ -72,7 +73,7 @@ def check_required(cfg: Any) -> None:
                           "tokenizer) or a Hugging Face Hub id (e.g. Qwen/Qwen2.5-0.5B-Instruct)")
 
 
-def resolved_profile(root: Any) -> str:
+def resolved_profile(root: Config) -> str:
     """``auto`` follows the hardware: ``laptop`` sizes where no GPU is visible (any model), ``full``
     where one is."""
     p = root.profile
@@ -85,24 +86,28 @@ def resolved_profile(root: Any) -> str:
     return "laptop" if not torch.cuda.is_available() else "full"
 
 
-def preflight(cfg: Any) -> Any:
+def preflight(cfg: DictConfig) -> Config:
     """Everything that can be checked before Ray or a model starts, in one ``invalid
     configuration`` block (ConfigError): required values, the profile, interpolations, every
     group's checks, the selected engine's dependencies, W&B credentials for an online run; a Hub
-    id in ``model.path`` is fetched (or found in the local cache) here. Returns ``cfg`` resolved."""
-    check_required(cfg)
-    resolved_profile(cfg)
+    id in ``model.path`` is fetched (or found in the local cache) here. Returns ``cfg`` resolved,
+    typed as what it is from here on: Hydra's typed DictConfig of :class:`Config` (kept a
+    DictConfig because groups the run does not use may hold MISSING values, e.g.
+    ``rollout.engine.vllm`` under the hf engine)."""
+    conf = cast(Config, cfg)
+    check_required(conf)
+    resolved_profile(conf)
     from omegaconf.errors import OmegaConfBaseException
 
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as e:
         raise ConfigError(f"invalid configuration:\n  {e}".split("\n    full_key")[0]) from None
-    check(cfg)
-    return cfg
+    check(conf)
+    return conf
 
 
-def _sized(laptop: Any, full: Any, *, _root_: Any) -> Any:
+def _sized(laptop: Any, full: Any, *, _root_: Config) -> Any:
     return laptop if resolved_profile(_root_) == "laptop" else full
 
 
@@ -153,7 +158,7 @@ def unknown_keys(schema: DictConfig, cfg: DictConfig, prefix: str = "") -> list[
     return found
 
 
-def check(cfg: Any) -> None:
+def check(cfg: Config) -> None:
     """Semantic checks across groups; each message names the keys."""
     errors = [f"{key}: no such key in the schema (pipeline/config.py); check its spelling or group"
               for key in unknown_keys(OmegaConf.structured(Config), cfg)]
@@ -205,7 +210,7 @@ def check(cfg: Any) -> None:
     # each group's own checks, gathered so one start reports every bad key at once
     from pipeline.algorithms.config import check_algorithm_config
 
-    group_checks: list[tuple[Any, Any]] = [(check_algorithm_config, a), (_check_model_path, cfg.model),
+    group_checks: list[tuple[Callable[[Any], None], Any]] = [(check_algorithm_config, a), (_check_model_path, cfg.model),
                                            (_check_local_gpus, cfg.resources)]
     if cfg.env in ENVS:
         group_checks.append((functools.partial(check_env_config, cfg.env), cfg.reward))
@@ -224,7 +229,7 @@ def check(cfg: Any) -> None:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
 
 
-def _check_model_path(model: Any) -> None:
+def _check_model_path(model: ModelConfig) -> None:
     """A local checkpoint dir, ``tiny``, or a Hub id (fetched, or found in the local cache: the
     path then becomes the local snapshot's)."""
     if model.path == "tiny":
@@ -238,7 +243,7 @@ def _check_model_path(model: Any) -> None:
     check_checkpoint_dir(os.path.expanduser(str(model.path)))
 
 
-def _engine_errors(cfg: Any) -> list[str]:
+def _engine_errors(cfg: Config) -> list[str]:
     """Only the selected engine's keys and dependencies (an hf run never reads rollout.engine.vllm)."""
     from pipeline.engines.config import ENGINE_TYPES
 
@@ -258,7 +263,7 @@ def _engine_errors(cfg: Any) -> list[str]:
     return []
 
 
-def _logger_errors(cfg: Any) -> list[str]:
+def _logger_errors(cfg: Config) -> list[str]:
     """An online W&B run without credentials fails here, not after Ray and the models started."""
     if "wandb" not in cfg.logger.backends:
         return []
@@ -274,7 +279,7 @@ def _logger_errors(cfg: Any) -> list[str]:
     return []
 
 
-def _check_local_gpus(resources: Any) -> None:
+def _check_local_gpus(resources: ResourcesConfig) -> None:
     """A local Ray cluster gets this machine's GPUs: a split that cannot fit fails before Ray starts
     (a remote cluster is checked by create_resource_pools once its resources are known)."""
     if resources.ray.address is not None:

@@ -21,19 +21,22 @@ import copy
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.beam import BeamConfig, beam_metrics, beam_search, check_beam
-from pipeline.evaluate_config import SEARCHES
+from pipeline.beam import beam_metrics, beam_search, check_beam
+from pipeline.evaluate_config import SEARCHES, BeamConfig, EvaluateConfig
 from pipeline.eval_metrics import summarize
 from pipeline.sample import Sample
 from pipeline.conf_files import CONF_PATH
 from pipeline.config import register
 from rewards.interface import env_spec, split_tasks
+
+if TYPE_CHECKING:
+    from pipeline.config import Config
 
 register()
 
@@ -99,7 +102,7 @@ async def _collect(samplers: Any, tasks: list[Any], expected: int,
         return [s async for s in generate()]
 
 
-def check(ev: Any) -> None:
+def check(ev: EvaluateConfig) -> None:
     """Evaluate's own checks; each message names the key."""
     if ev.search not in SEARCHES:
         raise ValueError(f"evaluate.search={ev.search!r}: expected one of {SEARCHES}")
@@ -113,7 +116,7 @@ def check(ev: Any) -> None:
         raise ValueError(f"evaluate.ks={list(ev.ks)}: every k must be in [1, evaluate.k={ev.k}]")
 
 
-def _check_split(conf: Any, ev: Any) -> None:
+def _check_split(conf: Config, ev: EvaluateConfig) -> None:
     from pipeline.config import ConfigError
 
     if not split_tasks(conf.env, conf.reward, conf.toy, ev.split):
@@ -123,7 +126,7 @@ def _check_split(conf: Any, ev: Any) -> None:
                           "or tasks (reward.task_ids=[...])")
 
 
-def preflight(cfg: DictConfig) -> Any:
+def preflight(cfg: DictConfig) -> Config:
     """Every check that needs no Ray or model, the training run's (pipeline.config.preflight)
     and the evaluation's own: a bad key stops here in one block. Returns the resolved config."""
     from pipeline.config import ConfigError, preflight as run_preflight
@@ -154,7 +157,7 @@ def run_samples(cfg: DictConfig, run_dir: str | Path) -> tuple[list[Sample], dic
 
     import ray
 
-    conf: Any = preflight(cfg)  # typed at composition; unused groups may hold MISSING values
+    conf = preflight(cfg)  # typed at composition; unused groups may hold MISSING values
     ev = conf.evaluate
     beam = ev.beam if ev.search == "beam" else None
     model_cfg = conf.model

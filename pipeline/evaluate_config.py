@@ -7,7 +7,13 @@ from typing import Optional
 
 from omegaconf import MISSING
 
-from pipeline.beam import BeamConfig
+
+@dataclass
+class BeamConfig:
+    width: int = MISSING            # trajectories per task in every round (Kevin: 16)
+    keep: int = MISSING             # best trajectories kept after a round (Kevin: 4)
+    turns_per_round: int = MISSING  # turns between two selections (Kevin: 4)
+    rounds: int = MISSING           # the budget: rounds x turns_per_round turns
 
 
 @dataclass

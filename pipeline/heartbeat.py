@@ -14,9 +14,23 @@ import asyncio
 import sys
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
+
+    from pipeline.parts import Samplers
 
 PARTS = ("sampler", "trainer", "push")
+
+
+def progress_bar(enabled: bool, total: int, desc: str, position: int = 0, initial: int = 0) -> tqdm:
+    """tqdm on stderr (the loop's: samples of the batch being generated and scored; training
+    steps); a disabled one draws nothing."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, leave=position > 0, file=sys.stderr, dynamic_ncols=True,
+                position=position, initial=initial, disable=not enabled)
 
 
 class Activity:
@@ -36,7 +50,7 @@ class Activity:
         """A [step] line went out: the heartbeat waits a whole period again."""
         self.last_line = time.time()
 
-    async def beat(self, every: float, samplers: Any, expected: int) -> None:
+    async def beat(self, every: float, samplers: Samplers, expected: int) -> None:
         """Runs until cancelled: a :meth:`status` line after ``every`` seconds without one."""
         while True:
             await asyncio.sleep(min(every, 5.0))
@@ -45,7 +59,7 @@ class Activity:
             self.last_line = time.time()
             print(f"[pipeline] {await self.status(samplers, expected)}", file=sys.stderr, flush=True)
 
-    async def status(self, samplers: Any, expected: int) -> str:
+    async def status(self, samplers: Samplers, expected: int) -> str:
         """Each part's current work and for how long (a push only while one runs); the sampler's
         batch in numbers when its workers answer ``progress()`` within 5 s."""
         now = time.time()
@@ -56,7 +70,7 @@ class Activity:
                 parts[part] = f"{part}: {what} for {now - t0:.0f} s"
             elif part != "push":
                 parts[part] = f"{part}: idle"
-        if "sampler" in self.now and hasattr(samplers, "progress"):
+        if "sampler" in self.now:
             try:
                 live = await asyncio.wait_for(samplers.progress(), 5.0)
             except Exception as e:  # noqa: BLE001 - a line of progress never stops the run

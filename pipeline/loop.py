@@ -20,22 +20,20 @@ import random
 import signal
 import sys
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from pipeline import checkpoint
 from pipeline.algorithms import mean_score, skip_reason
-from pipeline.heartbeat import Activity
+from pipeline.heartbeat import Activity, progress_bar
 from pipeline.metrics import env_metrics, eval_latency_metrics, score_metrics
 from pipeline.parts import GeneratedBatch, LoopParts, WeightsGone
-from pipeline.recovery import TrainerRestarts
+from pipeline.recovery import TrainerRecovery
 from pipeline.sample import Sample
 from pipeline.staleness import (POLICIES, lag_metrics, over_bound, pending_by_step, resolve_staleness,
                                 schedule_name, split_stale, staleness_counts)
-from pipeline.timeline import Timeline
-
 from pipeline.loop_config import PipelineConfig
+from pipeline.timeline import Drawer
 
 
 def batch_tasks(tasks: list[Any], batch: int, k: int, seed: int, shuffle: bool) -> list[Any]:
@@ -53,7 +51,7 @@ def batch_tasks(tasks: list[Any], batch: int, k: int, seed: int, shuffle: bool) 
     return out
 
 
-class Loop(TrainerRestarts):
+class Loop:
     def __init__(self, cfg: PipelineConfig, parts: LoopParts, timeline_every: int,
                  start_step: int = 0, version: int = 0, pending: list[Sample] | None = None,
                  resumed_from: Path | None = None) -> None:
@@ -68,18 +66,14 @@ class Loop(TrainerRestarts):
         self.history: list[dict[str, float]] = []
         # (what, batch or version, version): the schedule as it ran, for tests and debugging
         self.events: list[tuple[str, int, int]] = []
-        self._drawer: ThreadPoolExecutor | None = None
-        self._pending_draws: list[Future] = []
+        self._drawer = Drawer(parts.run_dir)
         self._ready: dict[int, GeneratedBatch] = {}
         self._done: list[GeneratedBatch] = []  # in completion order (step timing)
         self._gen_error: BaseException | None = None
         self.stop_requested = False
         self._task: asyncio.Task | None = None  # the step loop's task: a second stop request cancels it
-        # where a lost trainer restarts from: (first step to train, version, checkpoint dir or None
-        # for the initial weights), and every batch trained since, to be trained again after it
-        self._restore: tuple[int, int, Path | None] = (start_step, version, resumed_from)
-        self._kept: dict[int, GeneratedBatch] = {}
-        self.trainer_restarts = 0
+        self.recovery = TrainerRecovery(  # where a lost trainer restarts from, what it trains again
+            cfg.max_trainer_restarts, start_step, version, resumed_from, self.events)
         self.best_batch: tuple[int, float] | None = None  # (step, mean score) of the best batch so far
         self._pushes = 0  # pushes made (a batch whose weights were gone waits for the next)
         self.activity = Activity()  # what each part is doing: the heartbeat's line
@@ -103,24 +97,21 @@ class Loop(TrainerRestarts):
                                 self.cfg.shuffle_tasks)
         self.events.append(("gen", step, version))
         samples: list[Sample] = []
-        bar = _bar(self.cfg.progress, self.parts.expected_samples, f"gen {step}")
+        bar = progress_bar(self.cfg.progress, self.parts.expected_samples, f"gen {step}")
         t0 = time.time()
         with self.activity.doing("sampler", f"generating batch {step}"):
             async for s in self.parts.samplers.generate(step, tasks, version):
                 samples.append(s)
-                if bar is not None:
-                    bar.update(1)
+                bar.update(1)
         t1 = time.time()
-        if bar is not None:
-            bar.close()
+        bar.close()
         last_token = max((s.t_gen_end for s in samples if s.t_gen_end), default=t1)
         first = min((s.t_gen_start for s in samples if s.t_gen_start), default=t0)
         self.parts.timeline.add("sampler", "gen", step, first, last_token)
         self.parts.timeline.add_rewards(step, [(s.t_gen_end, s.t_eval_end) for s in samples
                                            if s.t_gen_end and s.t_eval_end])
-        stats = getattr(self.parts.samplers, "last_stats", None)
-        extra = {k: v for k, v in stats.metrics().items() if k.startswith(("rollout/", "perf/"))} \
-            if stats is not None and hasattr(stats, "metrics") else {}
+        extra = {k: v for k, v in self.parts.samplers.last_stats.metrics().items()
+                 if k.startswith(("rollout/", "perf/"))}
         self.events.append(("gen_done", step, version))
         return GeneratedBatch(step, version, samples, t0, t1, last_token, extra)
 
@@ -135,10 +126,8 @@ class Loop(TrainerRestarts):
             mean = mean_score(gen.samples)
             if self.best_batch is None or mean > self.best_batch[1]:
                 self.best_batch = (gen.step, mean)
-        metrics.update({k: float(v) for k, v in getattr(batch, "metrics", {}).items()
-                        if isinstance(v, (int, float))})
-        rows = 0 if batch is None else int(batch.input_ids.shape[0])
-        if rows == 0:  # nothing to learn from this batch: say why, once per step
+        metrics.update({k: float(v) for k, v in batch.metrics.items() if isinstance(v, (int, float))})
+        if int(batch.input_ids.shape[0]) == 0:  # nothing to learn from this batch: say why, once per step
             metrics["actor/skipped"] = 1.0
             print(f"[pipeline] step {gen.step} trains on nothing: "
                   f"{skip_reason(metrics, gen.samples, self.best_batch)}", file=sys.stderr, flush=True)
@@ -279,13 +268,14 @@ class Loop(TrainerRestarts):
 
     async def _steps(self) -> None:
         cfg = self.cfg
-        steps_bar = _bar(cfg.progress, cfg.steps, "steps", position=1, initial=self.start_step)
+        steps_bar = progress_bar(cfg.progress, cfg.steps, "steps", position=1, initial=self.start_step)
         step = self.start_step
         while step < cfg.steps:
             try:
                 saved = await self._step(step, steps_bar)
             except Exception as e:  # noqa: BLE001 - only a lost trainer is handled; the rest re-raised
-                step = await self._recover(step, e)
+                step = await self.recovery.recover(self.parts.trainer, step, e,
+                                                   lambda: self.stop_requested, self._resume_at)
                 continue
             if self.stop_requested and step + 1 < cfg.steps:
                 print(f"[pipeline] stopped after step {step}" + (
@@ -293,14 +283,24 @@ class Loop(TrainerRestarts):
                     f"hydra.run.dir={self.parts.run_dir})" if saved else ""), file=sys.stderr, flush=True)
                 break
             step += 1
-        if steps_bar is not None:
-            steps_bar.close()
+        steps_bar.close()
+
+    async def _resume_at(self, cursor: int, version: int, batches: dict[int, GeneratedBatch]) -> None:
+        """The trainer restarted at ``version``: the batches trained since go back in line to be
+        trained again from step ``cursor``, whose log lines are written again, and the samplers get
+        the restored weights."""
+        async with self._cond:
+            self._ready.update(batches)
+            self.version = version
+        self.history = [h for h in self.history if h["step"] < cursor]
+        self.parts.logger.rewind(cursor)
+        await self._push_new(cursor - 1)
 
     async def _step(self, step: int, steps_bar: Any) -> bool:
         """Train batch ``step``, push, log, checkpoint when due; whether a checkpoint was written."""
         t_step = time.time()
         cur = await self._take(step)
-        self._kept[step] = cur  # until a checkpoint holds its effect: a restarted trainer redoes it
+        self.recovery.trained(step, cur)
         prologue = 0.0
         if step == self.start_step and self.k > 0:  # the first batch has nothing to overlap
             prologue, t_step = time.time() - t_step, time.time()
@@ -317,15 +317,14 @@ class Loop(TrainerRestarts):
         if prologue:
             metrics["timing_s/prologue_gen"] = prologue
         metrics["pipeline/weights_version"] = float(self.version)
-        metrics["pipeline/trainer_restarts"] = float(self.trainer_restarts)
+        metrics["pipeline/trainer_restarts"] = float(self.recovery.restarts)
         split = self.parts.weight_sync.last_stats  # the push's own split of its seconds
         metrics.update({f"pipeline/push_{k}": float(split[k])
                         for k in ("transport_s", "load_s", "check_s") if k in split})
         self._log(step, metrics, cur.samples)
         saved = self._maybe_checkpoint(step, force=self.stop_requested)
-        if steps_bar is not None:
-            steps_bar.set_postfix_str(f"reward {metrics.get('critic/score/mean', 0.0):.3f}")
-            steps_bar.update(1)
+        steps_bar.set_postfix_str(f"reward {metrics.get('critic/score/mean', 0.0):.3f}")
+        steps_bar.update(1)
         return saved
 
     # ---- bookkeeping -----------------------------------------------------------------
@@ -362,31 +361,19 @@ class Loop(TrainerRestarts):
             self._draw(step)
 
     def _draw(self, step: int, final: bool = False) -> None:
-        """Draw off the step's critical path (matplotlib costs ~0.3 s a figure, ~1 s the first);
-        the image is logged with the next step's metrics (W&B steps only go forward)."""
+        """Drawn in a thread; the image is logged with the next step's metrics (W&B steps only go
+        forward)."""
         if not self.parts.timeline.spans:
             return
-        if self._drawer is None:
-            self._drawer = ThreadPoolExecutor(1, thread_name_prefix="timeline")
-        snapshot = Timeline()
-        snapshot.spans = list(self.parts.timeline.spans)
-        run_dir, title = self.parts.run_dir, f"{schedule_name(self.k)}: step {step}"
-
-        def job() -> Path:
-            snapshot.to_jsonl(run_dir / "timeline.jsonl")
-            return snapshot.draw(run_dir / "timeline.png", title=title)
-
-        self._pending_draws.append(self._drawer.submit(job))
+        self._drawer.submit(self.parts.timeline, f"{schedule_name(self.k)}: step {step}")
         if final:
             self._log_drawn(step, wait=True)
-            self._drawer.shutdown(wait=True)
-            self._drawer = None
+            self._drawer.close()
 
     def _log_drawn(self, step: int, wait: bool) -> None:
-        while self._pending_draws and (wait or self._pending_draws[0].done()):
-            path = self._pending_draws.pop(0).result()
-            if not self._pending_draws:  # only the newest image is worth a log entry
-                self.parts.logger.log_image(step, "timeline", path)
+        path = self._drawer.drawn(wait)
+        if path is not None:
+            self.parts.logger.log_image(step, "timeline", path)
 
     def _maybe_checkpoint(self, step: int, force: bool = False) -> bool:
         c = self.parts.checkpoint_cfg
@@ -402,19 +389,9 @@ class Loop(TrainerRestarts):
         # flowing) broke one_off's overlap of train N and generate N+1 after a checkpoint step
         # (test_toy_learns_through_the_pipeline[one_off], fresh-clone CI, 2026-12-04)
         path = checkpoint.save(self.parts.run_dir / c.dir, step, self.parts.trainer, state, c.keep_last)
-        self._restore = (step + 1, self.version, path)
-        self._kept = {b: g for b, g in self._kept.items() if b > step}
+        self.recovery.checkpointed(step, self.version, path)
         print(f"[pipeline] checkpoint of step {step} written in {time.time() - t0:.2f} s",
               file=sys.stderr, flush=True)
         self.events.append(("checkpoint", step, self.version))
         return True
 
-
-def _bar(enabled: bool, total: int, desc: str, position: int = 0, initial: int = 0) -> Any:
-    """tqdm on stderr: samples of the batch being generated (and scored); training steps."""
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, leave=position > 0, file=sys.stderr, dynamic_ncols=True,
-                position=position, initial=initial)

@@ -11,7 +11,7 @@ import asyncio
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -22,10 +22,14 @@ from pipeline.conf_files import CONF_PATH
 from pipeline.config import Config, ConfigError, preflight, register, resolved_profile
 from rewards.interface import env_spec
 
+if TYPE_CHECKING:
+    from pipeline.loop_config import PipelineConfig
+    from pipeline.resources import ResourcePools
+
 register()
 
 
-def evaluator_gpus(pools: Any) -> list[list[int]] | None:
+def evaluator_gpus(pools: ResourcePools) -> list[list[int]] | None:
     """Each sampler worker's share of the dedicated evaluation pool (None without one)."""
     if pools.evaluator is None:
         return None
@@ -37,7 +41,7 @@ def evaluator_gpus(pools: Any) -> list[list[int]] | None:
     return shares
 
 
-def banner(cfg: DictConfig, profile: str) -> str:
+def banner(cfg: Config, profile: str) -> str:
     r, p = cfg.rollout, cfg.pipeline
     size = (f"{p.tasks_per_batch} tasks x {r.n_trajectories} trajectories x {r.turns} turns per "
             f"batch, {p.steps} steps, max response {r.max_response_length} tokens")
@@ -53,7 +57,7 @@ def banner(cfg: DictConfig, profile: str) -> str:
     return f"[pipeline] full profile: model.path={cfg.model.path}, {size}, {_schedule(p)}."
 
 
-def _schedule(p: Any) -> str:
+def _schedule(p: PipelineConfig) -> str:
     from pipeline.staleness import resolve_staleness, schedule_name
 
     k = resolve_staleness(p.mode, p.max_staleness)
@@ -165,7 +169,7 @@ class Session:
                 print(f"[pipeline] teardown: {type(e).__name__}: {e}", file=sys.stderr)
 
 
-def perf_context(cfg: Any, trainer_info: dict[str, Any] | None, colocated: bool) -> dict[str, Any]:
+def perf_context(cfg: Config, trainer_info: dict[str, Any] | None, colocated: bool) -> dict[str, Any]:
     """What verl's perf/* metrics need: GPUs of the job, trainer GPUs, parameters, peak FLOP/s."""
     from pipeline.metrics import peak_flops
 
@@ -186,7 +190,7 @@ def actor_env_vars(progress: bool) -> dict[str, str]:
     return env
 
 
-def quiet_progress(conf: Any) -> None:
+def quiet_progress(conf: Config) -> None:
     """Progress bars only on a terminal: nested tqdm bars written to a log file are a garble of
     carriage returns; the per-step console line says the same there."""
     if conf.pipeline.progress and not sys.stderr.isatty():
@@ -203,9 +207,7 @@ def run(cfg: DictConfig, run_dir: str | Path, run_name: str | None = None,
     ``overrides``: the command line's (a warm start passes its ``model.*`` ones on); ``dir_key``:
     the key that names another dir in hints (a sweep's is hydra.sweep.dir)."""
     run_dir = Path(run_dir)
-    # typed and validated at composition; kept as a DictConfig because groups the run does not use
-    # may hold MISSING values (e.g. rollout.engine.vllm under the hf engine)
-    conf: Any = preflight(cfg)  # every config and dependency error, before Ray starts
+    conf = preflight(cfg)  # every config and dependency error, before Ray starts
     profile = resolved_profile(conf)
     print(banner(conf, profile), file=sys.stderr, flush=True)
     resolved = OmegaConf.to_container(conf)
@@ -266,7 +268,7 @@ class Interrupted(Exception):
     where the last checkpoint is and how to continue."""
 
 
-def interrupted_message(run_dir: Path, conf: Any) -> str:
+def interrupted_message(run_dir: Path, conf: Config) -> str:
     last = checkpoint.latest(run_dir / conf.checkpoint.dir)
     where = f"the last checkpoint is {last}" if last else "no checkpoint was written"
     return (f"[pipeline] interrupted: the step under way was abandoned; {where}. The same command "
@@ -279,7 +281,7 @@ def _is_lost_actor(e: BaseException) -> bool:
     return isinstance(e, RayActorError)
 
 
-def lost_actor_message(e: BaseException, run_dir: Path, conf: Any) -> str:
+def lost_actor_message(e: BaseException, run_dir: Path, conf: Config) -> str:
     """What to do when an actor the loop cannot replace (a trainer rank) is gone."""
     last = checkpoint.latest(run_dir / conf.checkpoint.dir)
     where = (f"the last checkpoint is {last}" if last else

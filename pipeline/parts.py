@@ -1,16 +1,22 @@
-"""What the step loop needs of each part, as Protocols: the real parts (SamplerGroup, TrainerGroup,
-the pipeline.weight_sync push objects, MetricsLogger) satisfy them structurally, and so does a
-test's fake, which is how the schedule is tested in seconds without Ray or a model
+"""What the step loop needs of each part, as Protocols that declare every member the loop (and its
+heartbeat and trainer recovery) uses: the real parts (SamplerGroup, TrainerGroup, the
+pipeline.weight_sync push objects, MetricsLogger) satisfy them structurally, and so does a test's
+fake, which is how the schedule is tested in seconds without Ray or a model
 (tests/pipeline/test_loop_schedule.py). ``LoopParts`` holds them for the loop; ``GeneratedBatch``
 is what generating one batch hands to training."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Protocol, runtime_checkable
 
+from pipeline.checkpoint_config import CheckpointConfig
 from pipeline.sample import Sample
 from pipeline.timeline import Timeline
+
+if TYPE_CHECKING:
+    from pipeline.algorithms.batch import TrainBatch
+    from pipeline.rollout import BatchStats
 
 
 class WeightsGone(RuntimeError):
@@ -37,16 +43,37 @@ class Samplers(Protocol):
     the samplers hold (a sample's own ``policy_version`` is what generated it). May raise
     :class:`WeightsGone`."""
 
+    last_stats: BatchStats  # of the last batch generated (its rollout/* and perf/* metrics are logged)
+
     def generate(self, step: int, tasks: list[Any], version: int) -> AsyncIterator[Sample]: ...
+
+    async def progress(self) -> list[dict[str, float]]:
+        """Per worker, the batch being generated in numbers (``generated``, ``scored``, optionally
+        ``engine_inflight``): the heartbeat's line."""
+        ...
 
 
 @runtime_checkable
 class Trainer(Protocol):
-    """One RL step on a TrainBatch (blocking: the loop runs it in a thread); a checkpoint."""
+    """One RL step on a TrainBatch (blocking: the loop runs it in a thread); a checkpoint; what
+    the loop's :class:`pipeline.recovery.TrainerRecovery` needs to tell a lost rank and start the
+    group again."""
 
-    def train(self, batch: Any, loss_scale_factor: int | None = None) -> dict[str, float]: ...
+    def train(self, batch: TrainBatch, loss_scale_factor: int | None = None) -> dict[str, float]: ...
 
     def save(self, directory: str) -> None: ...
+
+    def actor_ids(self) -> set[str]:
+        """The Ray actor ids of the ranks (an actor error naming one is a lost rank)."""
+        ...
+
+    def lost(self) -> bool:
+        """Whether a rank does not answer (asked after another Ray error)."""
+        ...
+
+    def restart(self, resume_dir: str | None) -> None:
+        """Every rank started again from the checkpoint ``resume_dir`` (None: the initial weights)."""
+        ...
 
 
 @runtime_checkable
@@ -67,13 +94,9 @@ class Logger(Protocol):
 
     def log_image(self, step: int, key: str, path: Path) -> None: ...
 
-
-@runtime_checkable
-class CheckpointSettings(Protocol):
-    every: int
-    at_end: bool
-    dir: str
-    keep_last: int
+    def rewind(self, step: int) -> None:
+        """Steps from ``step`` on are logged again (a restarted trainer trains them again)."""
+        ...
 
 
 @dataclass
@@ -104,12 +127,12 @@ class LoopParts:
     trainer: Trainer                 # TrainerGroup
     weight_sync: WeightPush          # pipeline.weight_sync.make_weight_sync
     tasks: list[Any]                 # TaskRefs of the training split
-    build_batch: Callable[[list[Sample], int], Any]    # (samples, step) -> TrainBatch | None
+    build_batch: Callable[[list[Sample], int], TrainBatch]  # (samples, step) -> its training rows
     rollout_metrics: Callable[[list[Sample]], dict[str, float]]
     response_length: Callable[[int], int]              # step -> max response length
     expected_samples: int            # per batch, for the progress bar
     logger: Logger                   # MetricsLogger
     run_dir: Path
-    checkpoint_cfg: CheckpointSettings
+    checkpoint_cfg: CheckpointConfig
     decode: Callable[[list[int]], str] = lambda ids: ""   # token ids -> text (episode table)
     timeline: Timeline = field(default_factory=Timeline)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from pipeline.parts import LOSSES_PER_CALL, PushInterrupted, WeightsGone
 from pipeline.rollout import BatchStats, Starts
@@ -30,6 +30,10 @@ from pipeline.sample import Sample
 from pipeline.sampler_worker import SamplerWorker, stream_shape
 from pipeline.weight_sync import replayable
 from rewards.interface import TaskRef
+
+if TYPE_CHECKING:
+    from pipeline.models.config import ModelConfig
+    from pipeline.rollout_config import RolloutConfig
 
 
 def _weights_lost(e: BaseException) -> bool:
@@ -47,8 +51,8 @@ def _actor_lost(e: BaseException) -> bool:
 class SamplerGroup:
     """k sampler workers behind one ``generate`` stream (see the module docstring)."""
 
-    def __init__(self, model_cfg: Any, rollout_cfg: Any, env_spec: Any, resource_pool: Any = None,
-                 n_workers: int = 1, num_cpus: float = 1.0, num_gpus: float = 0.0,
+    def __init__(self, model_cfg: ModelConfig, rollout_cfg: RolloutConfig, env_spec: Any,
+                 resource_pool: Any = None, n_workers: int = 1, num_cpus: float = 1.0, num_gpus: float = 0.0,
                  gpu_memory_fraction: float | None = None, env_vars: dict[str, str] | None = None,
                  actor_options: dict[str, Any] | list[dict[str, Any]] | None = None) -> None:
         import ray

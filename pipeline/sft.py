@@ -14,34 +14,25 @@ import random
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, cast
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from pipeline.conf_files import CONF_PATH
 
-
-@dataclass
-class SftConfig:
-    data: str = MISSING                 # corpus (the built-in answer corpus) | <path of a JSONL file>
-    variants: list[str] = field(default_factory=lambda: MISSING)   # corpus variants; []: all
-    # corpus variant -> copies of its conversations (absent: 1): sets the share of each variant the
-    # warm-started policy writes, e.g. more wrong/broken than fast leaves RL room to raise the reward
-    variant_weights: dict[str, int] = field(default_factory=lambda: MISSING)
-    task_ids: list[str] = field(default_factory=lambda: MISSING)   # corpus tasks; []: the train split's
-    epochs: int = MISSING               # passes over the conversations
-    batch_size: int = MISSING           # conversations per optimiser step
-    max_response_length: int = MISSING  # an answer over this many tokens is an error, not cut
-    stop_loss: float = MISSING          # > 0: stop once a step's loss is at most this (0: all epochs)
-    output_dir: Optional[str] = MISSING  # null: <run dir>/final (the HF model is its model/)
-    seed: int = MISSING
+if TYPE_CHECKING:
+    from pipeline.algorithms.config import AlgorithmConfig
+    from pipeline.config import Config
+    from pipeline.models.config import ModelConfig
+    from pipeline.sft_config import SftConfig
+    from pipeline.trainer.config import TrainerConfig
+    from rewards.env import KernelEnv
 
 
-def conversations(conf: Any, env: Any) -> list[Any]:
+def conversations(conf: Config, env: KernelEnv) -> list[Any]:
     from pipeline.sft_data import corpus_conversations, jsonl_conversations
 
     s = conf.sft
@@ -56,7 +47,7 @@ def conversations(conf: Any, env: Any) -> list[Any]:
     return jsonl_conversations(s.data, known)
 
 
-def check(conf: Any) -> None:
+def check(conf: Config) -> None:
     errors = []
     if conf.sft.epochs < 1:
         errors.append(f"sft.epochs={conf.sft.epochs}: expected >= 1")
@@ -90,10 +81,10 @@ def run(cfg: DictConfig, run_dir: str | Path) -> Path:
     from rewards.env import KernelEnv
 
     run_dir = Path(run_dir)
-    check_required(cfg)
+    conf = cast("Config", cfg)  # Hydra's typed DictConfig of Config (pipeline.config.preflight says why)
+    check_required(conf)
     OmegaConf.resolve(cfg)
     resolved = OmegaConf.to_container(cfg)
-    conf: Any = cfg
     check_config(conf)
     check(conf)
     s = conf.sft
@@ -137,8 +128,8 @@ class LocalTrainer:
     """``TrainerGroup``'s SFT surface over one :class:`TrainerWorker` in this process (world size
     1 on gloo or NCCL): the same worker code, plan and checkpoint writer."""
 
-    def __init__(self, model_cfg: Any, trainer_cfg: Any, algo_cfg: Any, max_response_length: int,
-                 temperature: float, total_optim_steps: int) -> None:
+    def __init__(self, model_cfg: ModelConfig, trainer_cfg: TrainerConfig, algo_cfg: AlgorithmConfig,
+                 max_response_length: int, temperature: float, total_optim_steps: int) -> None:
         from pipeline.trainer import TrainerWorker
         from pipeline.trainer.worker import free_port
 
@@ -167,7 +158,7 @@ class LocalTrainer:
         self.worker.shutdown()
 
 
-def train(trainer: Any, logger: Any, rows: list[Any], pad_token_id: int, s: Any, total: int,
+def train(trainer: Any, logger: Any, rows: list[Any], pad_token_id: int, s: SftConfig, total: int,
           progress: bool, out: Path) -> Path:
     from tqdm import tqdm
 

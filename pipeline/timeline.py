@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
@@ -125,6 +126,43 @@ class Timeline:
 # lane -> the logged metric (docs/metrics.md) that times it
 LANE_METRICS = {"sampler": "timing_s/gen", "reward": "timing_s/reward", "trainer": "timing_s/train",
                 "push": "timing_s/update_weights", "step": "timing_s/step"}
+
+
+class Drawer:
+    """Writes a timeline's ``timeline.jsonl`` and ``timeline.png`` in ``run_dir`` off the step
+    loop's critical path (matplotlib costs ~0.3 s a figure, ~1 s the first), one at a time in a
+    thread of its own."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: list[Future] = []
+
+    def submit(self, timeline: Timeline, title: str) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="timeline")
+        snapshot = Timeline()
+        snapshot.spans = list(timeline.spans)  # the loop goes on adding to its own
+        run_dir = self.run_dir
+
+        def job() -> Path:
+            snapshot.to_jsonl(run_dir / "timeline.jsonl")
+            return snapshot.draw(run_dir / "timeline.png", title=title)
+
+        self._pending.append(self._pool.submit(job))
+
+    def drawn(self, wait: bool) -> Path | None:
+        """The image written last once every one submitted is written (``wait``: waits for
+        them), else None: only the newest image is worth a log entry."""
+        path = None
+        while self._pending and (wait or self._pending[0].done()):
+            path = self._pending.pop(0).result()
+        return None if self._pending else path
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
 
 def step_timings(line: dict[str, float]) -> dict[str, float]:

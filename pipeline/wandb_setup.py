@@ -11,8 +11,11 @@ from __future__ import annotations
 import netrc
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 from urllib.parse import urlparse
+
+if TYPE_CHECKING:
+    from hydra.conf import HydraConf
 
 MODES = ("auto", "online", "offline", "disabled")
 # WANDB_MODE values W&B accepts, and what they mean here
@@ -67,7 +70,7 @@ def offline_line(run_dir: Path, why: str) -> str:
             f"WANDB_MODE=online logs online, `wandb sync {run_dir}/wandb/offline-run-*` uploads this one")
 
 
-def is_multirun(hydra_cfg: Any) -> bool:
+def is_multirun(hydra_cfg: HydraConf) -> bool:
     try:
         from hydra.types import RunMode
 
@@ -83,7 +86,7 @@ def sweep_group(sweep_dir: str) -> str:
     return f"{p.parent.name}/{p.name}" if p.parent.name.endswith("-sweep") else p.name
 
 
-def sweep_names(name: str, hydra_cfg: Any) -> tuple[str, str | None]:
+def sweep_names(name: str, hydra_cfg: HydraConf) -> tuple[str, str | None]:
     """(run name, group) for one Hydra job. A ``-m`` sweep's jobs share a group named after the
     sweep dir and are named by their own overrides, as ``name:key=value,key=value``."""
     if not is_multirun(hydra_cfg):

@@ -24,9 +24,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.conf_files import CONF_DIR
+
+if TYPE_CHECKING:
+    from pipeline.config import Config
+    from rewards.interface import SandboxConfig, RewardConfig
 
 _ROOT = CONF_DIR.parent
 _SOURCES = ("pipeline/sft.py", "pipeline/sft_data.py", "pipeline/trainer/sft.py",
@@ -34,7 +38,7 @@ _SOURCES = ("pipeline/sft.py", "pipeline/sft_data.py", "pipeline/trainer/sft.py"
             "conf/trainer/fsdp2.yaml", "conf/algorithm/grpo_plus.yaml")
 
 
-def sft_overrides(cfg: Any, profile: str, cli_overrides: list[str]) -> list[str]:
+def sft_overrides(cfg: Config, profile: str, cli_overrides: list[str]) -> list[str]:
     """The ``pipeline.sft`` command line that builds this run's warm start."""
     name = str(cfg.model.warm_start)
     model = [o for o in cli_overrides if o.lstrip("+").startswith("model.")
@@ -47,7 +51,7 @@ def sft_overrides(cfg: Any, profile: str, cli_overrides: list[str]) -> list[str]
     return out + [str(o) for o in cfg.model.warm_start_overrides]
 
 
-def cache_key(cfg: Any, overrides: list[str]) -> str:
+def cache_key(cfg: Config, overrides: list[str]) -> str:
     from rewards.corpus import corpus_answers
 
     h = hashlib.sha256()
@@ -59,7 +63,7 @@ def cache_key(cfg: Any, overrides: list[str]) -> str:
     return h.hexdigest()[:16]
 
 
-def ensure(cfg: Any, profile: str, cli_overrides: list[str]) -> Path:
+def ensure(cfg: Config, profile: str, cli_overrides: list[str]) -> Path:
     """The warm-started HF model directory, built first when the cache has none; with
     ``sandbox.cache_dir`` set, the corpus answers are prebuilt into it once per cache dir."""
     overrides = sft_overrides(cfg, profile, cli_overrides)
@@ -103,7 +107,7 @@ def build(overrides: list[str], root: Path) -> None:
     print(f"[pipeline] warm start built in {time.time() - t0:.0f} s: {model_dir}", file=sys.stderr, flush=True)
 
 
-def prebuild(reward_cfg: Any, sandbox_cfg: Any) -> dict[str, int]:
+def prebuild(reward_cfg: RewardConfig, sandbox_cfg: SandboxConfig) -> dict[str, int]:
     """Evaluate every corpus answer of the run's training tasks once (their builds land in
     ``sandbox.cache_dir``); returns the count of each verdict."""
     from pipeline.sft_data import answer_text  # the code block exactly as the warm start writes it

@@ -16,13 +16,16 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf.errors import OmegaConfBaseException
 
 from rewards.config import load_reward_config
 from rewards.env import KernelEnv
 from rewards.parse import parse_response
+
+if TYPE_CHECKING:
+    from rewards.config import RewardConfig
 
 
 def _cfg(args: argparse.Namespace) -> Any:
@@ -53,7 +56,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     return 0
 
 
-def _backend_line(cfg: Any) -> str:
+def _backend_line(cfg: RewardConfig) -> str:
     return f"backend: {cfg.backend} (profile {cfg.profile}; --backend cpu|triton|cuda picks another)"
 
 

@@ -86,7 +86,7 @@ def load_reward_config(name: str = "kernel", dotlist: list[str] | None = None, *
     return cfg
 
 
-def validate(cfg: Any) -> None:
+def validate(cfg: RewardConfig) -> None:
     """Semantic checks; each message names the key (``reward.<key>``) and what was expected."""
     from rewards.rules import RULES
     from rewards.tasks import PROFILES

@@ -17,7 +17,7 @@ import asyncio
 import dataclasses
 import logging
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rewards.config import validate
 from rewards.feedback import parse_feedback, result_feedback, rules_feedback, runtime_violations
@@ -30,13 +30,17 @@ from rewards.scrub import Scrubber, default_scrubber
 from rewards.tasks import Task, TaskError, load_builtin, load_kernelbench, split
 from sandbox.result import REFUSED_BUILD, SandboxResult
 
+if TYPE_CHECKING:
+    from rewards.config import RewardConfig
+    from sandbox.config import SandboxConfig
+
 log = logging.getLogger(__name__)
 SPLITS = ("train", "holdout")
 RULE_MISS = "rule_miss"
 
 
 class KernelEnv:
-    def __init__(self, cfg: Any, eval_pool: Any, scrubber: Scrubber | None = None):
+    def __init__(self, cfg: RewardConfig, eval_pool: Any, scrubber: Scrubber | None = None):
         validate(cfg)
         self.cfg = cfg
         self.pool = eval_pool
@@ -69,7 +73,7 @@ class KernelEnv:
         self._by_id = {t.id: t for t in all_tasks}
 
     @classmethod
-    def from_config(cls, reward_cfg: Any, sandbox_cfg: Any) -> "KernelEnv":
+    def from_config(cls, reward_cfg: RewardConfig, sandbox_cfg: SandboxConfig) -> "KernelEnv":
         from sandbox.pool import SandboxPool
 
         return cls(reward_cfg, SandboxPool(sandbox_cfg))

@@ -80,7 +80,7 @@ class RewardEnv(Protocol):
         """Release evaluator processes."""
 
 
-def env_spec(env: str, reward: Any, sandbox: Any, toy: Any,
+def env_spec(env: str, reward: RewardConfig, sandbox: SandboxConfig | None, toy: ToyEnvConfig,
              eval_gpus: list[list[int]] | None = None) -> Any:
     """What each sampler actor builds its environment from (``pipeline.sampler_worker.build_env``), for the
     root config's ``env``, ``reward``, ``sandbox`` and ``toy`` groups. ``eval_gpus[i]``: the
@@ -95,7 +95,7 @@ def env_spec(env: str, reward: Any, sandbox: Any, toy: Any,
     return spec
 
 
-def kernel_env(reward: Any, sandbox: Any, eval_gpus: list[list[int]] | None = None,
+def kernel_env(reward: RewardConfig, sandbox: SandboxConfig, eval_gpus: list[list[int]] | None = None,
                worker_index: int = 0) -> RewardEnv:
     """Built inside a sampler actor: the kernel env and its own evaluation pool, timing on worker
     ``worker_index``'s share of the evaluation GPUs when there are any."""
@@ -108,7 +108,7 @@ def kernel_env(reward: Any, sandbox: Any, eval_gpus: list[list[int]] | None = No
     return KernelEnv.from_config(reward, sandbox)
 
 
-def split_tasks(env: str, reward: Any, toy: Any, split: str) -> list[TaskRef]:
+def split_tasks(env: str, reward: RewardConfig, toy: ToyEnvConfig, split: str) -> list[TaskRef]:
     """One split's tasks, read here without a sandbox pool (the task files only), so a command can
     stop on an empty or unknown split before it starts Ray and the model."""
     if env == "kernel":
@@ -121,7 +121,7 @@ def split_tasks(env: str, reward: Any, toy: Any, split: str) -> list[TaskRef]:
     return ToyEnv(**{k: v for k, v in spec.items() if k != "_target_"}).tasks(split)
 
 
-def check_env_config(env: str, reward: Any) -> None:
+def check_env_config(env: str, reward: RewardConfig) -> None:
     """The semantic checks of the chosen environment's config (ValueError naming the key)."""
     if env not in ENVS:
         raise ValueError(f"env={env!r}: expected one of {ENVS}")

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sandbox.result import SandboxResult
+
+if TYPE_CHECKING:
+    from rewards.config import RewardConfig
 
 EXCESSIVE_FLAG = "excessive_speedup"
 
@@ -16,7 +19,7 @@ class ScoreBreakdown:
     note: str = ""                  # why the speedup was not taken as measured ("" when it was)
 
 
-def score_result(result: SandboxResult, cfg: Any, violations: bool = False) -> ScoreBreakdown:
+def score_result(result: SandboxResult, cfg: RewardConfig, violations: bool = False) -> ScoreBreakdown:
     """``cfg`` carries correct_weight, speedup_weight, speedup_cap, excessive_speedup_policy.
 
     0 for any rule violation (static, or caught by the sandbox at run time: ``rule_violation``) or

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -24,6 +24,9 @@ from pipeline.algorithms.config import check_algorithm_config
 from pipeline.algorithms.filters import overlong_loss_mask, zero_advantage_groups
 from pipeline.algorithms.returns import multi_turn_returns
 from pipeline.sample import Sample
+
+if TYPE_CHECKING:
+    from pipeline.algorithms.config import AlgorithmConfig
 
 
 @dataclass
@@ -60,7 +63,7 @@ def group_id(s: Sample) -> str:
     return f"{s.step}/{s.task_id}"
 
 
-def _returns(samples: list[Sample], cfg: Any) -> int:
+def _returns(samples: list[Sample], cfg: AlgorithmConfig) -> int:
     """``s.ret`` for every sample, trajectory by trajectory; returns how many scores were not
     finite (counted as 0: one NaN would otherwise poison its whole group's advantages)."""
     trajs: dict[tuple[str, int], list[Sample]] = {}
@@ -93,7 +96,7 @@ def _empty(prompt_len: int = 0) -> dict[str, Any]:
                 scores=torch.zeros(0), group_ids=[], uids=[], prompt_len=prompt_len)
 
 
-def build_train_batch(samples: list[Sample], cfg: Any, max_response_length: int,
+def build_train_batch(samples: list[Sample], cfg: AlgorithmConfig, max_response_length: int,
                       pad_token_id: int) -> TrainBatch:
     """The training rows of one batch, with filter and reward statistics in ``metrics``.
 

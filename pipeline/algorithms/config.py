@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 from omegaconf import MISSING
 
@@ -38,7 +38,7 @@ class AlgorithmConfig:
     micro_batch_tokens: int = MISSING      # token budget of one forward/backward (prompt + response)
 
 
-def check_algorithm_config(cfg: Any) -> None:
+def check_algorithm_config(cfg: AlgorithmConfig) -> None:
     """Semantic checks a type cannot express; one ValueError naming every bad key."""
     errors = []
 

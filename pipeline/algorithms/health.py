@@ -1,9 +1,12 @@
 """Rollout health metrics of a batch of samples (before any filtering)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pipeline.sample import Sample
+
+if TYPE_CHECKING:
+    from pipeline.algorithms.config import AlgorithmConfig
 
 _THINK_OPEN = "<think>"
 
@@ -21,7 +24,7 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
-def rollout_metrics(samples: list[Sample], cfg: Any) -> dict[str, float]:
+def rollout_metrics(samples: list[Sample], cfg: AlgorithmConfig) -> dict[str, float]:
     """``reward/*`` (turn scores, and per turn), ``response/*`` (length, truncation, Kevin's
     Not-Okay ratio: the share of responses whose reasoning does not start with
     ``cfg.not_okay_prefix``; it rises well before a policy collapses into junk)."""

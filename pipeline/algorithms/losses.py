@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from pipeline.algorithms.config import AlgorithmConfig
 
 # verl is imported inside the functions: importing this package (e.g. for its config schema)
 # stays cheap; verl's import costs seconds.
@@ -44,7 +47,7 @@ class _VerlActorView:
         return getattr(self, key, default)
 
 
-def _verl_config(cfg: Any, loss_scale_factor: int | None) -> _VerlActorView:
+def _verl_config(cfg: AlgorithmConfig, loss_scale_factor: int | None) -> _VerlActorView:
     c = cfg.clip_ratio_c
     info = {} if loss_scale_factor is None else {"loss_scale_factor": loss_scale_factor}
     return _VerlActorView(clip_ratio=cfg.clip_ratio_low, clip_ratio_low=cfg.clip_ratio_low,
@@ -67,7 +70,7 @@ def clip_fractions(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantage
 
 
 def policy_loss(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
-                response_mask: torch.Tensor, cfg: Any, loss_scale_factor: int | None,
+                response_mask: torch.Tensor, cfg: AlgorithmConfig, loss_scale_factor: int | None,
                 rollout_is_weights: torch.Tensor | None = None, entropy: torch.Tensor | None = None,
                 ref_log_prob: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Scalar loss and metrics of one micro-batch; all tensors ``[B, R]``.

@@ -13,7 +13,7 @@ __all__ = ["ENGINE_TYPES", "Engine", "EngineConfig", "Generation", "HFEngineConf
            "SamplingParams", "VLLMEngineConfig", "make_engine"]
 
 
-def make_engine(cfg: Any, model: Any, tokenizer: Any) -> Engine:
+def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any) -> Engine:
     """An engine from ``rollout.engine``.
 
     ``model``: a loaded HF model (``hf``; for ``vllm`` it is saved to a temporary HF directory
@@ -37,7 +37,7 @@ def make_engine(cfg: Any, model: Any, tokenizer: Any) -> Engine:
         h = cfg.hf
         return HFEngine(model, tokenizer, max_inflight=cfg.max_inflight,
                         max_batch_size=h.max_batch_size, batch_wait_s=h.batch_wait_s, device=h.device,
-                        seed=getattr(h, "seed", None))
+                        seed=h.seed)
     from pipeline.engines.vllm import VLLMEngine
 
     tmp_dir = None

@@ -31,16 +31,19 @@ import queue
 import shutil
 import threading
 import time
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 
 from pipeline.engines.base import Generation, SamplingParams, request_error
 
+if TYPE_CHECKING:
+    from pipeline.engines.config import VLLMEngineConfig
+
 log = logging.getLogger(__name__)
 
 
-def graph_capture_size(cfg: Any) -> int | None:
+def graph_capture_size(cfg: VLLMEngineConfig) -> int | None:
     """The largest batch (in tokens) vLLM should capture as a CUDA graph:
     ``max_cudagraph_capture_size`` when set; else vLLM's own default, min(2 x max_num_seqs, 512)
     (mixed prefill and decode steps up to that many tokens run as graphs too), raised to
@@ -50,14 +53,14 @@ def graph_capture_size(cfg: Any) -> int | None:
     sequences took 60-70 ms on an H200)."""
     if cfg.enforce_eager:
         return None
-    if getattr(cfg, "max_cudagraph_capture_size", None) is not None:
+    if cfg.max_cudagraph_capture_size is not None:
         return int(cfg.max_cudagraph_capture_size)
     n = int(cfg.max_num_seqs)
     stride = 16 if n >= 256 else 8
     return max(min(2 * n, 512), -(-n // stride) * stride)
 
 
-def llm_kwargs(model_path: str, cfg: Any) -> dict[str, Any]:
+def llm_kwargs(model_path: str, cfg: VLLMEngineConfig) -> dict[str, Any]:
     """``vllm.LLM``'s arguments from ``rollout.engine.vllm`` (a function of the config alone, so a
     CPU test can check them)."""
     kwargs: dict[str, Any] = dict(
@@ -89,7 +92,7 @@ def _vllm_env() -> None:
 
 
 class VLLMEngine:
-    def __init__(self, model_path: str, tokenizer: Any, cfg: Any, max_inflight: int = 256) -> None:
+    def __init__(self, model_path: str, tokenizer: Any, cfg: VLLMEngineConfig, max_inflight: int = 256) -> None:
         _vllm_env()
         try:
             from vllm import LLM

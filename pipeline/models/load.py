@@ -9,10 +9,13 @@ loaded through the hub where one is reachable (transformers' own cache and ``HF_
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.conf_files import load_group
 from pipeline.hub import is_hub_id
+
+if TYPE_CHECKING:
+    from pipeline.models.config import ModelConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -50,7 +53,7 @@ def check_checkpoint_dir(path: str) -> None:
                                 f"expected {expected}")
 
 
-def with_path(model_cfg: Any, path: str) -> Any:
+def with_path(model_cfg: ModelConfig, path: str) -> ModelConfig:
     """A copy of the model config pointing at ``path`` (e.g. a checkpoint's HF directory)."""
     import copy
     import dataclasses
@@ -70,7 +73,7 @@ def _torch_dtype(name: str) -> Any:
     return "auto" if name == "auto" else getattr(torch, name)
 
 
-def load_model_and_tokenizer(model_cfg: Any) -> tuple[Any, Any]:
+def load_model_and_tokenizer(model_cfg: ModelConfig) -> tuple[Any, Any]:
     """(model in eval mode on CPU, tokenizer with a chat template and a pad token)."""
     dtype = _torch_dtype(model_cfg.dtype)
     if model_cfg.path == "tiny":
@@ -102,7 +105,7 @@ def _generic_fast_tokenizer(path: str) -> bool:
         return json.load(f).get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
-def load_tokenizer(model_cfg: Any) -> Any:
+def load_tokenizer(model_cfg: ModelConfig) -> Any:
     """The tokenizer alone (a vLLM sampler loads the weights itself)."""
     if model_cfg.path == "tiny":
         from pipeline.models.tiny import build_tiny_tokenizer

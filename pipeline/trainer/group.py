@@ -6,19 +6,25 @@ once; ``weight_sender_call`` makes every rank's sender of a transport take part 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from pipeline.trainer.plan import StepPlan, plan_step
 from pipeline.trainer.worker import BATCH_KEYS, TrainerWorker
 
+if TYPE_CHECKING:
+    from pipeline.algorithms.config import AlgorithmConfig
+    from pipeline.models.config import ModelConfig
+    from pipeline.resources import ResourcePool
+    from pipeline.trainer.config import TrainerConfig
+
 
 class TrainerOutOfMemory(RuntimeError):
     """A trainer rank ran out of GPU memory; the message names the settings that size a step."""
 
 
-def out_of_memory(exc: BaseException, method: str, algo: Any, trainer_cfg: Any,
+def out_of_memory(exc: BaseException, method: str, algo: AlgorithmConfig, trainer_cfg: TrainerConfig,
                   world_size: int) -> TrainerOutOfMemory | None:
     """``exc`` (a rank's error, as Ray hands it over) reworded for the person who set the run up,
     when it is CUDA running out of memory; None for any other error. A step's memory is set by
@@ -28,10 +34,10 @@ def out_of_memory(exc: BaseException, method: str, algo: Any, trainer_cfg: Any,
     if not isinstance(cause, torch.OutOfMemoryError):
         return None
     said = (str(cause).strip().splitlines() or [""])[0][:240]
-    chunk = int(getattr(trainer_cfg, "logprob_chunk_tokens", 0) or 0)
+    chunk = int(trainer_cfg.logprob_chunk_tokens)
     ways = [f"lower algorithm.micro_batch_tokens (now {algo.micro_batch_tokens}; on one 80 GB H100 a "
             f"0.5B model's RL step fit 32768, a 1.5B one's did not)"]
-    if not getattr(trainer_cfg, "gradient_checkpointing", False):
+    if not trainer_cfg.gradient_checkpointing:
         ways.append("set trainer.gradient_checkpointing=true (recomputes activations in backward)")
     if chunk <= 0:
         ways.append("set trainer.logprob_chunk_tokens=1024 (no full [tokens, vocabulary] logits)")
@@ -43,8 +49,8 @@ def out_of_memory(exc: BaseException, method: str, algo: Any, trainer_cfg: Any,
 
 
 class TrainerGroup:
-    def __init__(self, pool: Any, model_cfg: Any, trainer_cfg: Any, algo_cfg: Any,
-                 max_response_length: int, temperature: float, total_optim_steps: int,
+    def __init__(self, pool: ResourcePool, model_cfg: ModelConfig, trainer_cfg: TrainerConfig,
+                 algo_cfg: AlgorithmConfig, max_response_length: int, temperature: float, total_optim_steps: int,
                  gpu_memory_fraction: float | None = None, resume_dir: str | None = None,
                  env_vars: dict[str, str] | None = None) -> None:
         self.algo, self.trainer_cfg = algo_cfg, trainer_cfg

@@ -19,9 +19,13 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
+
+if TYPE_CHECKING:
+    from pipeline.models.config import ModelConfig
+    from pipeline.trainer.config import LoraConfig, TrainerConfig
 
 ADAPTER = "default"  # peft's name for the one adapter get_peft_model makes
 ADAPTER_DIR = "adapter"
@@ -31,12 +35,11 @@ _OUTPUT_LAYER = ("trainer.lora.target_modules wraps the output layer: the chunke
                  "never train; leave it out (all-linear does)")
 
 
-def enabled(trainer_cfg: Any) -> bool:
-    lora = getattr(trainer_cfg, "lora", None)
-    return lora is not None and lora.rank > 0
+def enabled(trainer_cfg: TrainerConfig) -> bool:
+    return trainer_cfg.lora.rank > 0
 
 
-def peft_config(lora: Any) -> Any:
+def peft_config(lora: LoraConfig) -> Any:
     from peft import LoraConfig
 
     targets = lora.target_modules
@@ -45,7 +48,7 @@ def peft_config(lora: Any) -> Any:
                       target_modules=targets, bias="none", task_type="CAUSAL_LM")
 
 
-def apply(model: torch.nn.Module, lora: Any, resume_dir: str | None = None) -> torch.nn.Module:
+def apply(model: torch.nn.Module, lora: LoraConfig, resume_dir: str | None = None) -> torch.nn.Module:
     """``model`` with peft's LoRA layers injected and only the adapters trainable; the adapter
     weights of ``resume_dir``'s checkpoint loaded when given. Returns the HF model itself (not
     the PeftModel wrapper): FSDP2 wraps its decoder layers, and the log-prob head replaces its
@@ -132,7 +135,7 @@ def _peft_key(name: str) -> str:
     return _PEFT_PREFIX + name.replace(f".{ADAPTER}.", ".")
 
 
-def save_adapter(sd: dict[str, torch.Tensor], lora: Any, directory: str) -> None:
+def save_adapter(sd: dict[str, torch.Tensor], lora: LoraConfig, directory: str) -> None:
     """The adapter of a full state dict as peft writes it (adapter_model.safetensors,
     adapter_config.json), loadable with ``PeftModel.from_pretrained(base, directory)``."""
     from safetensors.torch import save_file
@@ -159,7 +162,7 @@ def load_adapter(model: torch.nn.Module, directory: str) -> None:
 
 
 # ---- configuration checks (pipeline/config.py, before Ray starts) -------------------------
-def check(lora: Any, model_cfg: Any) -> list[str]:
+def check(lora: LoraConfig, model_cfg: ModelConfig) -> list[str]:
     """What is wrong with ``trainer.lora`` for this model, one line each (nothing when off)."""
     errors = []
     if lora.rank < 0:
@@ -195,7 +198,7 @@ def check(lora: Any, model_cfg: Any) -> list[str]:
     return errors
 
 
-def _module_types(model_cfg: Any) -> tuple[dict[str, type], str]:
+def _module_types(model_cfg: ModelConfig) -> tuple[dict[str, type], str]:
     """The policy's module names and classes, from a skeleton on the meta device (no weights),
     and the output layer's name."""
     if model_cfg.path == "tiny":

@@ -16,12 +16,17 @@ import math
 import os
 import time
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from pipeline.trainer.plan import RankPlan, micro_weight
+
+if TYPE_CHECKING:
+    from pipeline.algorithms.config import AlgorithmConfig
+    from pipeline.models.config import ModelConfig
+    from pipeline.trainer.config import TrainerConfig
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 BATCH_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask", "advantages",
@@ -45,8 +50,8 @@ def free_port() -> int:
 
 
 class TrainerWorker:
-    def __init__(self, rank: int, world_size: int, model_cfg: Any, trainer_cfg: Any,
-                 algo_cfg: Any, max_response_length: int, temperature: float,
+    def __init__(self, rank: int, world_size: int, model_cfg: ModelConfig, trainer_cfg: TrainerConfig,
+                 algo_cfg: AlgorithmConfig, max_response_length: int, temperature: float,
                  total_optim_steps: int, gpu_memory_fraction: float | None = None) -> None:
         self.rank, self.world_size = rank, world_size
         self.model_cfg, self.cfg, self.algo = model_cfg, trainer_cfg, algo_cfg
@@ -374,7 +379,7 @@ class TrainerWorker:
             dist.destroy_process_group()
 
 
-def _load(model_cfg: Any, meta: bool) -> tuple[torch.nn.Module, Any]:
+def _load(model_cfg: ModelConfig, meta: bool) -> tuple[torch.nn.Module, Any]:
     """The policy in fp32 (master weights; the compute dtype comes from the FSDP policy), or,
     with ``meta``, its skeleton on the meta device from the checkpoint's config.json alone."""
     from pipeline.models.load import load_model_and_tokenizer, load_tokenizer

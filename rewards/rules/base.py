@@ -4,9 +4,12 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rewards.rules.analysis import Answer
+
+if TYPE_CHECKING:
+    from rewards.config import RulesConfig
 
 
 @dataclass(frozen=True)
@@ -16,7 +19,7 @@ class RuleSettings:
     allowed_extension_calls: frozenset[str]  # torch::/at:: names C++/CUDA sources may call; "ns::*" too
 
     @classmethod
-    def from_config(cls, rules_cfg: Any) -> "RuleSettings":
+    def from_config(cls, rules_cfg: RulesConfig) -> "RuleSettings":
         return cls(frozenset(rules_cfg.allowed_torch_calls), frozenset(rules_cfg.allowed_tensor_methods),
                    frozenset(rules_cfg.allowed_extension_calls))
 

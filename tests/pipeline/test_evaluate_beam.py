@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from pipeline.beam import (BeamConfig, Best, beam_metrics, check_beam, lineage_bests, next_starts,
+from pipeline.beam import (Best, beam_metrics, check_beam, lineage_bests, next_starts,
                            rank, select_parents)
+from pipeline.evaluate_config import BeamConfig
 from pipeline.rollout import Start, build_prompt, turn_of
 from pipeline.sample import Sample
 from rewards.interface import Turn, TurnOutcome

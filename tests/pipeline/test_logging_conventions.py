@@ -8,8 +8,9 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline.metrics import (LoggerConfig, MetricsLogger, env_metrics, eval_latency_metrics, peak_flops,
-                              score_metrics, with_perf)
+from pipeline.logger_config import LoggerConfig
+from pipeline.metrics import (MetricsLogger, env_metrics, eval_latency_metrics, peak_flops, score_metrics,
+                              with_perf)
 from pipeline.sample import Sample
 from pipeline.timeline import main as timeline_main, step_timings
 from pipeline.wandb_setup import has_stored_login, resolve_mode, sweep_names

@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from pipeline.loop import Loop
-from pipeline.parts import LoopParts
 from pipeline.loop_config import PipelineConfig
+from pipeline.parts import LoopParts
 from pipeline.parts import Logger, Samplers, Trainer, WeightPush
+from pipeline.rollout import BatchStats
 from pipeline.sample import Sample
 from pipeline.staleness import MismatchStats, lag_metrics, resolve_staleness
 
@@ -35,8 +36,13 @@ class FakeSamplers:
         self.held, self.turns, self.turn_s, self.n_traj = 0, turns, turn_s, n_traj
         self.lock = asyncio.Lock()
         self.stale_once: set[str] = set()  # task ids whose next batch comes from an old worker
+        self.last_stats, self.generated = BatchStats(), 0
+
+    async def progress(self):
+        return [{"generated": self.generated, "scored": self.generated}]
 
     async def generate(self, step, tasks, version):
+        self.last_stats, self.generated = BatchStats(step=step, n_tasks=len(tasks)), 0
         for t in tasks:
             old = t.task_id in self.stale_once
             self.stale_once.discard(t.task_id)
@@ -45,10 +51,12 @@ class FakeSamplers:
                     async with self.lock:
                         await asyncio.sleep(self.turn_s)
                         v = -5 if old else self.held  # a replaced worker's initial weights
+                    self.generated += 1
                     yield Sample(uid=f"{step}/{t.task_id}/{traj}/{turn}", step=step, task_id=t.task_id,
                                  traj=traj, turn=turn, prompt_ids=[1], response_ids=[2, 3],
                                  logprobs=[-1.0, -1.0], finish_reason="stop", score=float(traj),
                                  policy_version=v)
+        self.last_stats.n_samples = self.generated
 
 
 class FakeSync:
@@ -77,6 +85,15 @@ class FakeTrainer:
     def save(self, directory: str) -> None:
         Path(directory, "model").mkdir()
 
+    def actor_ids(self) -> set[str]:
+        return set()  # in this process: no actor of it is ever lost
+
+    def lost(self) -> bool:
+        return False
+
+    def restart(self, resume_dir: str | None) -> None:
+        raise AssertionError("a trainer that is never lost is never restarted")
+
 
 class FakeLogger:
     def __init__(self) -> None:
@@ -90,6 +107,9 @@ class FakeLogger:
 
     def log_image(self, step, key, path):
         pass
+
+    def rewind(self, step):
+        self.lines = [line for line in self.lines if line["step"] < step]
 
 
 def make(tmp_path, k, steps=6, train_s=0.02, turns=1, turn_s=0.0, partial=False, policy="drop",
@@ -268,3 +288,32 @@ def test_config_check_names_the_staleness_keys(overrides, named):
     with pytest.raises(ValueError, match=named):
         check(config("+experiment=toy", *overrides))
     check(config("+experiment=toy", "pipeline.mode=sync"))  # the alias alone is fine
+
+
+def test_the_samplers_batch_stats_are_logged_with_the_step_that_trains_the_batch(tmp_path):
+    loop, _, trainer = make(tmp_path, 1, steps=3)
+    history = asyncio.run(loop.run())
+    assert [h["rollout/samples"] for h in history] == [4.0, 4.0, 4.0]  # 2 tasks x 2 trajectories
+    assert [len(b) for b in trainer.batches] == [4, 4, 4]
+
+
+def test_the_real_parts_have_every_member_their_protocol_declares():
+    """What the loop calls on the real parts (the fakes above satisfy the Protocols by
+    construction): a member renamed on one side fails here, not in a run's restart path."""
+    import inspect
+
+    from pipeline.metrics import MetricsLogger
+    from pipeline.sampler import SamplerGroup
+    from pipeline.trainer import TrainerGroup
+
+    for protocol, real in ((Samplers, SamplerGroup), (Trainer, TrainerGroup), (Logger, MetricsLogger)):
+        methods = [n for n, v in vars(protocol).items() if callable(v) and not n.startswith("_")]
+        fields = list(protocol.__annotations__)
+        assert methods, protocol
+        for name in methods:
+            assert callable(getattr(real, name, None)), f"{real.__name__} has no {name}()"
+            declared = inspect.signature(getattr(protocol, name)).parameters
+            have = inspect.signature(getattr(real, name)).parameters
+            assert list(declared) == list(have)[:len(declared)], (real.__name__, name)
+        for name in fields:  # data members are set on the instance
+            assert f"self.{name} =" in inspect.getsource(real), f"{real.__name__} sets no {name}"

@@ -4,7 +4,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline.resources import ResourcesDoNotFit, ResourcesConfig, create_resource_pools, plan_resources
+from pipeline.resources import ResourcesDoNotFit, create_resource_pools, plan_resources
+from pipeline.resources_config import ResourcesConfig
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "resources"
 

@@ -15,9 +15,10 @@ import torch
 
 from pipeline.algorithms import AlgorithmConfig, build_train_batch
 from pipeline.loop import Loop, batch_tasks
-from pipeline.parts import LoopParts
 from pipeline.loop_config import PipelineConfig
+from pipeline.parts import LoopParts
 from pipeline.models import ModelConfig, load_tokenizer
+from pipeline.rollout import BatchStats
 from pipeline.rollout_config import load_rollout_config
 from pipeline.sampler_worker import SamplerWorker
 from pipeline.trainer import TrainerConfig, TrainerWorker, plan_step
@@ -29,7 +30,10 @@ STEPS, TASKS = 3, 2
 
 class LocalSamplers:
     def __init__(self, worker: SamplerWorker) -> None:
-        self.w, self.last_stats = worker, None
+        self.w, self.last_stats = worker, BatchStats()
+
+    async def progress(self):
+        return [self.w.progress()]
 
     async def generate(self, step, tasks, version):
         async for item in self.w.generate(step, tasks, version):
@@ -57,6 +61,15 @@ class LocalTrainer:
 
     def save(self, directory):
         self.w.save(directory)
+
+    def actor_ids(self):
+        return set()  # in this process: no actor of it is ever lost
+
+    def lost(self):
+        return False
+
+    def restart(self, resume_dir):
+        raise AssertionError("a trainer that is never lost is never restarted")
 
 
 class LocalPush:
@@ -142,7 +155,8 @@ def with_loop(parts, k, tmp_path):
         trained.append(by_uid(samples))
         return parts.build(samples, step)
 
-    logger = SimpleNamespace(log=lambda *a: None, log_table=lambda *a: None, log_image=lambda *a: None)
+    logger = SimpleNamespace(log=lambda *a: None, log_table=lambda *a: None, log_image=lambda *a: None,
+                             rewind=lambda step: None)
     loop = Loop(cfg, LoopParts(
         samplers=parts.samplers, trainer=parts.local_trainer, weight_sync=parts.push, tasks=parts.tasks,
         build_batch=build, rollout_metrics=lambda s: {}, response_length=lambda step: 8,

@@ -117,7 +117,8 @@ def _env(result):
 
 
 async def test_secrets_in_a_verdict_reach_no_feedback_sample_or_log(secrets_env, tmp_path):
-    from pipeline.metrics import LoggerConfig, MetricsLogger
+    from pipeline.logger_config import LoggerConfig
+    from pipeline.metrics import MetricsLogger
     from pipeline.sample import Sample
 
     leak = f"RuntimeError: ray auth {ENV_SECRET}; netrc {NETRC_SECRET}; {GCS}"

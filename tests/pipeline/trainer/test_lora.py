@@ -164,7 +164,8 @@ def test_a_lora_step_under_ray_reaches_an_hf_sampler_merged(ray_local):
     samplers then generate with the log-probs of peft's merged model."""
     import asyncio
 
-    from pipeline.resources import ResourcesConfig, create_resource_pools
+    from pipeline.resources import create_resource_pools
+    from pipeline.resources_config import ResourcesConfig
     from pipeline.rollout_config import load_rollout_config
     from pipeline.sampler import SamplerGroup
     from pipeline.trainer import TrainerGroup

@@ -9,7 +9,8 @@ import torch
 from pipeline.algorithms import AlgorithmConfig, build_train_batch
 from pipeline.models import ModelConfig, load_model_and_tokenizer
 from tests.pipeline.conftest import save_tiny_checkpoint
-from pipeline.resources import ResourcesConfig, create_resource_pools
+from pipeline.resources import create_resource_pools
+from pipeline.resources_config import ResourcesConfig
 from pipeline.sample import Sample
 from pipeline.trainer import TrainerConfig, TrainerGroup, plan_step
 from tests.pipeline.conftest import group

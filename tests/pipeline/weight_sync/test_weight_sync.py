@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from pipeline.models import ModelConfig, load_model_and_tokenizer
-from pipeline.resources import ResourcesConfig, create_resource_pools
+from pipeline.resources import create_resource_pools
+from pipeline.resources_config import ResourcesConfig
 from pipeline.rollout_config import load_rollout_config
 from pipeline.sampler import SamplerGroup
 from pipeline.trainer import TrainerConfig, TrainerGroup, TrainerWorker
