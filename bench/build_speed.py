@@ -181,6 +181,7 @@ def main() -> None:
                    help="JSON extra_cflags: answers with exactly these (one PCH); 'any' for all answers")
     p.add_argument("--jobs", type=int, default=4, help="ninja jobs per build (MAX_JOBS, the pool's max_jobs)")
     p.add_argument("--pch-root", default=None, help="reuse PCHs here (built if missing); default: a fresh dir")
+    p.add_argument("--split-root", default=None, help="reuse the split build's trusted parts here (built if missing)")
     p.add_argument("--breakdown", action="store_true", help="g++ -ftime-report of one sandbox build")
     p.add_argument("--variants", default="plain,sandbox", help=f"comma-separated, of {', '.join(VARIANTS)}")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -199,7 +200,7 @@ def main() -> None:
         raise SystemExit(f"no corpus answer builds with extra_cflags {flags}")
     root = Path(tempfile.mkdtemp(prefix="bench_build_speed_"))
     pch_root = Path(args.pch_root) if args.pch_root else root / "pch"
-    split_root = root / "split"
+    split_root = Path(args.split_root) if args.split_root else root / "split"
     pch_s: dict[str, float] = {}
     split_s: dict[str, dict[str, float]] = {}
     for cflags in {json.dumps(c) for _, _, c in pool}:

@@ -214,7 +214,7 @@ def applies(call: dict[str, Any]) -> dict[str, str] | None:
     """The functions to bind (name -> docstring) when a ``load_inline`` call can take the split
     path, else None: a C++-only Python module with torch's error handling, a project flag set, and
     functions that are C identifiers."""
-    if call.get("cuda_sources") or call.get("with_cuda") or call.get("no_implicit_headers"):
+    if any(call.get(k) for k in ("cuda_sources", "sycl_sources", "with_cuda", "with_sycl", "no_implicit_headers")):
         return None
     if call.get("is_python_module", True) is not True or call.get("with_pytorch_error_handling", True) is not True:
         return None

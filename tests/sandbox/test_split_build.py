@@ -16,6 +16,8 @@ from sandbox import build, split_build
 from sandbox.pool import EvalPool
 
 FLAGS = ["-O3", "-fopenmp"]
+# the module's first test waits for the trusted builds: ~420 s at load ~30 on the 2-core box
+pytestmark = pytest.mark.timeout(2400)
 
 
 @pytest.fixture(scope="module")
