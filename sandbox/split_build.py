@@ -120,9 +120,10 @@ def answer_tail(module_name: str, functions: dict[str, str]) -> str:
     docs = ", ".join(json.dumps(d) for d in functions.values())
     lines += [f"  static const char* const names[] = {{{names}}};",
               f"  static const char* const docs[] = {{{docs}}};",
-              "  void* const fns[] = {" + ", ".join(f"reinterpret_cast<void*>(&{n})" for n in functions) + "};",
+              # ::name: the answer's function at namespace scope, never one of these locals
+              "  void* const fns[] = {" + ", ".join(f"reinterpret_cast<void*>(&::{n})" for n in functions) + "};",
               "  static const sbx_split::binder_t b[] = {"
-              + ", ".join(f"sbx_split::binder<decltype(&{n})>::fn" for n in functions) + "};",
+              + ", ".join(f"sbx_split::binder<decltype(&::{n})>::fn" for n in functions) + "};",
               f'  return sbx_make_module("{module_name}", {len(functions)}, names, docs, fns, b);', "}", ""]
     return "\n".join(lines)
 
@@ -206,6 +207,9 @@ def build_trusted(root: str | Path, extra_cflags: list[str], timeout_s: float = 
     return seconds
 
 
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # ASCII: a C name, and a PyInit_<name> Python finds
+
+
 class ReservedSymbol(RuntimeError):
     """The answer's object defines a symbol of the trusted library's namespace: the build fails."""
 
@@ -227,10 +231,10 @@ def applies(call: dict[str, Any]) -> dict[str, str] | None:
         functions = {f: f for f in functions}
     if not isinstance(functions, dict) or not functions:
         return None
-    if not all(isinstance(k, str) and isinstance(v, str) and re.fullmatch(r"[A-Za-z_]\w*", k) for k, v in functions.items()):
+    if not all(isinstance(k, str) and isinstance(v, str) and _IDENTIFIER.fullmatch(k) for k, v in functions.items()):
         return None
     name = call.get("name")
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_]\w*", name):
+    if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name):
         return None
     return dict(functions)
 
