@@ -50,6 +50,9 @@ _SCALAR_TAILS = ((), ("double",), ("double", "double"), ("float",), ("float", "f
 SIGNATURES: tuple[tuple[str, ...], ...] = tuple(
     ("at::Tensor", *([t] * n), *tail) for t, n, tail in product(_TENSORS, (1, 2, 3), _SCALAR_TAILS))
 
+# What an answer's torch/extension.h is in a split build: the min tier (torch/types.h there is
+# MIN_TYPES_H) and the tensor operators (x * s, a + b), which answers use and the min tier lacks.
+SPLIT_EXTENSION_H = build.NARROW_EXTENSION_H + "#include <ATen/TensorOperators.h>\n"
 RUNTIME_CPP = """\
 // sandbox/split_build.py: trusted, built once per torch install by the pool, never in a sandbox.
 #include <torch/extension.h>
@@ -137,7 +140,8 @@ def runtime_key() -> str:
 
 
 def min_pch_dir(root: str | Path, extra_cflags: list[str]) -> Path:
-    return Path(root) / f"min-{build.pch_key(extra_cflags)}"
+    headers = hashlib.sha256((SPLIT_EXTENSION_H + build.MIN_TYPES_H).encode()).hexdigest()[:8]
+    return Path(root) / f"min-{build.pch_key(extra_cflags)}-{headers}"
 
 
 def ready(root: str | Path, extra_cflags: list[str]) -> bool:
@@ -194,12 +198,12 @@ def build_trusted(root: str | Path, extra_cflags: list[str], timeout_s: float = 
 
     def min_pch(tmp: Path) -> None:
         (tmp / "torch").mkdir()
-        header = narrow / "min" / "torch" / "extension.h"
+        header = tmp / "torch" / "extension.h"  # beside the .gch: a second #include finds it (pragma once)
+        header.write_text(SPLIT_EXTENSION_H)
         cmd = [build._compiler(), "-x", "c++-header", str(header), "-o", str(tmp / "torch" / "extension.h.gch"),
                f"-I{narrow / 'min'}", *build.pch_cflags(flags)]
         t = time.perf_counter()
         subprocess.run(cmd, check=True, capture_output=True, timeout=timeout_s)
-        shutil.copy(header, tmp / "torch" / "extension.h")  # a second #include finds the real (narrow) file
         seconds["min_pch_s"] = round(time.perf_counter() - t, 1)
 
     _atomic_dir(root / runtime_key(), library)

@@ -63,8 +63,8 @@ def test_a_split_module_behaves_as_torchs(hooked, tmp_path, split_cache):
     src = ('#include <torch/extension.h>\n'
            'torch::Tensor scaled(const torch::Tensor& x, double s) {\n'
            '  TORCH_CHECK(x.dim() == 1, "scaled wants a 1-d tensor, got ", x.dim());\n'
-           '  return x.mul(s);\n}\n'  # tensor operators (x * s) are not in the min tier: those answers fall back
-           'torch::Tensor twice(torch::Tensor x) { return x.add(x); }\n')
+           '  return x * s;\n}\n'
+           'torch::Tensor twice(torch::Tensor x) { return x + x; }\n')
     m = hooked(name="split_behaviour", cpp_sources=src, functions={"scaled": "x times s", "twice": "x + x"},
                extra_cflags=FLAGS)
     assert _decision(tmp_path, "split_behaviour")["split_build"] == str(split_cache / "split")
