@@ -5,8 +5,9 @@ a ``PYBIND11_MODULE`` block); even with a PCH of the header, most of that compil
 Python half (pybind11 and torch-python code instantiated and generated again in every answer;
 docs/sandbox.md, "Where a cold C++ build's time goes"). Here the answer's ``cpp_sources`` are
 compiled on a PCH of the ``min`` header tier (sandbox/build.py ``MIN_TYPES_H``: the tensor class
-and common ops, no Python), with a tail this module writes: a ``PyInit_<name>`` that hands each
-exported function to a trusted binder chosen at compile time by the function's C++ type. The
+and common ops, no Python) and the tensor operators (:data:`SPLIT_EXTENSION_H`), with a tail this
+module writes: a ``PyInit_<name>`` that hands each exported function to a trusted binder chosen at
+compile time by the function's C++ type. The
 binders (torch's own ``m.def(name, torch::wrap_pybind_function(fn), doc)``, one per signature of
 :data:`SIGNATURES`) and the module runtime live in one trusted shared library built once per torch
 install, so the module behaves as torch's does (names, docstrings, Tensor in and out, C++ errors as
