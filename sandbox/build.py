@@ -84,9 +84,9 @@ FULL_HEADER_SUFFIX = "_fullhdr"
 
 
 # Part of every build key: bumped whenever how a build is made changes, so a persistent cache never
-# serves a verdict of the old recipe (3: the "min" tier before torch/types.h; 2: PCH forwarder and
-# narrow CUDA header; 1 cached compile_errors of answers that build).
-BUILD_RECIPE = "3"
+# serves a verdict of the old recipe (4: the split C++ build; 3: the "min" tier before torch/types.h;
+# 2: PCH forwarder and narrow CUDA header; 1 cached compile_errors of answers that build).
+BUILD_RECIPE = "4"
 
 
 # The only extra_cflags a PCH is built for, exactly as written in the answer (empty strings, as in
