@@ -10,6 +10,9 @@ alternating order (the box is shared: drift hits both alike):
 * ``sandbox``: through ``sandbox.build.install_build_hooks`` and ``protocol.build_candidate``,
   what a compile step runs (minus the confinement), with the pool's precompiled header for the
   answer's flag set built beforehand (the steady state of a pool; its one-off cost is reported).
+* ``split``: the same hooks with the split build on (``sandbox/split_build.py``: the answer's code
+  alone on the ``min`` header's PCH, bound by the trusted library), its trusted parts built
+  beforehand (one-off cost reported); no full PCH, so an answer that falls back pays the plain build.
 
 ``--breakdown`` then compiles the last sandbox build's ``main.cpp`` again with ``-ftime-report``
 (g++'s own phase times), and two cut-down copies of it: the header alone (what every answer pays
@@ -17,6 +20,7 @@ for ``torch/extension.h`` even with the PCH) and the answer without torch's pybi
 binding's share is the difference). The link time is ninja's (``.ninja_log``).
 
     python -m bench.build_speed --backend cpu --n 6 --breakdown --out bench/baselines/cpu/build_speed.json
+    python -m bench.build_speed --backend cpu --n 4 --variants plain,sandbox,split --out bench/baselines/cpu/build_speed_split.json
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ from typing import Any
 
 from bench.common import ninja_seconds, parser, percentile, progress, report
 
-VARIANTS = ("plain", "sandbox")
+VARIANTS = ("plain", "sandbox", "split")
 # g++ -ftime-report lines worth keeping: the phases and the biggest items inside them
 _PHASES = ("phase setup", "phase parsing", "phase lang. deferred", "phase opt and generate",
            "template instantiation", "callgraph ipa passes", "callgraph functions expansion", "TOTAL")
@@ -69,11 +73,13 @@ def distinct(src: str, k: int, nonce: str) -> str:
     return src.replace(marker, line, 1)
 
 
-def build_once(src: str, variant: str, root: Path, pch_root: Path | None, jobs: int) -> dict[str, Any]:
+def build_once(src: str, variant: str, root: Path, pch_root: Path | None, jobs: int,
+               split_root: Path | None = None) -> dict[str, Any]:
     """One cold build in a child process. ``build_s``: the child's own clock around the build
     (imports excluded); ``wall_s``: the whole process."""
     ext_dir = Path(tempfile.mkdtemp(prefix=f"{variant}-", dir=root))
-    job = {"src": src, "variant": variant, "ext_dir": str(ext_dir), "pch_root": str(pch_root) if pch_root else None}
+    job = {"src": src, "variant": variant, "ext_dir": str(ext_dir), "pch_root": str(pch_root) if pch_root else None,
+           "split_root": str(split_root) if split_root else None}
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext_dir), "MAX_JOBS": str(jobs)}
     t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run([sys.executable, "-m", "bench.build_speed", "--child", json.dumps(job)],
@@ -86,7 +92,7 @@ def build_once(src: str, variant: str, root: Path, pch_root: Path | None, jobs: 
     child = json.loads(lines[-1]) if lines else {"ok": False, "error": proc.stderr[-500:]}
     return {"variant": variant, "ok": bool(child.get("ok")), "build_s": child.get("build_s"), "wall_s": wall,
             "cpu_s": cpu,
-            "pch_used": child.get("pch_used"), "ext_dir": str(ext_dir), **ninja_times(ext_dir),
+            "pch_used": child.get("pch_used"), "split_used": child.get("split_used"), "ext_dir": str(ext_dir), **ninja_times(ext_dir),
             **({"error": str(child.get("error"))[-300:]} if not child.get("ok") else {})}
 
 
@@ -106,13 +112,16 @@ def child(job: dict[str, Any]) -> None:
     try:
         if job["variant"] == "sandbox":
             build.install_build_hooks(job["ext_dir"], job["pch_root"], [], None)
+        elif job["variant"] == "split":
+            build.install_build_hooks(job["ext_dir"], None, [], None, job["split_root"], [])
         protocol.build_candidate(job["src"], work)
     except protocol.StepError as exc:
         print(json.dumps({"ok": False, "error": exc.message}))
         return
     decisions = [json.loads(p.read_text()) for p in Path(job["ext_dir"]).glob("*.pch.json")]
     print(json.dumps({"ok": True, "build_s": time.perf_counter() - t,
-                      "pch_used": bool(decisions and decisions[0].get("pch_dir"))}))
+                      "pch_used": bool(decisions and decisions[0].get("pch_dir")),
+                      "split_used": bool(decisions and decisions[0].get("split_build") not in (None, "fallback"))}))
 
 
 def time_report(cmd: list[str], source: Path) -> dict[str, float]:
@@ -172,38 +181,49 @@ def main() -> None:
                    help="JSON extra_cflags: answers with exactly these (one PCH); 'any' for all answers")
     p.add_argument("--jobs", type=int, default=4, help="ninja jobs per build (MAX_JOBS, the pool's max_jobs)")
     p.add_argument("--pch-root", default=None, help="reuse PCHs here (built if missing); default: a fresh dir")
+    p.add_argument("--split-root", default=None, help="reuse the split build's trusted parts here (built if missing)")
     p.add_argument("--breakdown", action="store_true", help="g++ -ftime-report of one sandbox build")
+    p.add_argument("--variants", default="plain,sandbox", help=f"comma-separated, of {', '.join(VARIANTS)}")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         child(json.loads(args.child))
         return
-    from sandbox import build
+    from sandbox import build, split_build
 
+    variants = tuple(v for v in VARIANTS if v in args.variants.split(","))
+    if "plain" not in variants or len(variants) < 2:
+        raise SystemExit(f"--variants {args.variants!r}: plain and at least one of {', '.join(VARIANTS[1:])}")
     flags = None if args.flags == "any" else json.loads(args.flags)
     pool = templates(flags)
     if not pool:
         raise SystemExit(f"no corpus answer builds with extra_cflags {flags}")
     root = Path(tempfile.mkdtemp(prefix="bench_build_speed_"))
     pch_root = Path(args.pch_root) if args.pch_root else root / "pch"
+    split_root = Path(args.split_root) if args.split_root else root / "split"
     pch_s: dict[str, float] = {}
+    split_s: dict[str, dict[str, float]] = {}
     for cflags in {json.dumps(c) for _, _, c in pool}:
-        t0 = time.perf_counter()
-        build.build_pch(pch_root, json.loads(cflags))  # trusted, once per flag set (the pool's job)
-        pch_s[cflags] = round(time.perf_counter() - t0, 1)
-        print(f"[bench.build_speed] PCH for {cflags}: {pch_s[cflags]} s", flush=True)
+        if "sandbox" in variants:
+            t0 = time.perf_counter()
+            build.build_pch(pch_root, json.loads(cflags))  # trusted, once per flag set (the pool's job)
+            pch_s[cflags] = round(time.perf_counter() - t0, 1)
+            print(f"[bench.build_speed] PCH for {cflags}: {pch_s[cflags]} s", flush=True)
+        if "split" in variants:  # trusted: the library once, the min tier's PCH per flag set
+            split_s[cflags] = split_build.build_trusted(split_root, json.loads(cflags))
+            print(f"[bench.build_speed] split build's trusted parts for {cflags}: {split_s[cflags]}", flush=True)
     nonce = f"bench-{int(time.time())}"
     runs: list[dict[str, Any]] = []
     for k in range(args.n):
         task, src, _ = pool[k % len(pool)]
         answer = distinct(src, k, nonce)
-        order = VARIANTS if k % 2 == 0 else VARIANTS[::-1]
+        order = variants[k % len(variants):] + variants[:k % len(variants)]  # each variant first in turn
         for variant in order:
-            r = {"answer": k, "task": task, **build_once(answer, variant, root, pch_root, args.jobs)}
+            r = {"answer": k, "task": task, **build_once(answer, variant, root, pch_root, args.jobs, split_root)}
             runs.append(r)
             progress("build_speed", {k2: v for k2, v in r.items() if k2 not in ("ext_dir", "error")})
     rows = []
-    for variant in VARIANTS:
+    for variant in variants:
         mine = [r for r in runs if r["variant"] == variant and r["ok"]]
         row: dict[str, Any] = {"variant": variant, "builds": len(mine),
                                "failed": sum(1 for r in runs if r["variant"] == variant and not r["ok"])}
@@ -212,16 +232,19 @@ def main() -> None:
             for q in (50, 10, 90):
                 row[f"{key[:-2]} p{q} s"] = percentile(vals, q)
         rows.append(row)
-    pairs = [(p, s) for p in runs for s in runs if p["variant"] == "plain" and s["variant"] == "sandbox"
-             and p["answer"] == s["answer"] and p["ok"] and s["ok"]]
-    ratios = [s["build_s"] / p["build_s"] for p, s in pairs]  # sandbox / plain, the same answer
-    cpu_ratios = [s["cpu_s"] / p["cpu_s"] for p, s in pairs]
-    extra: dict[str, Any] = {"ratio_p50": percentile(ratios, 50), "ratio_min": min(ratios, default=float("nan")),
-                             "ratio_max": max(ratios, default=float("nan")),
-                             "cpu_ratio_p50": percentile(cpu_ratios, 50), "target_ratio": 0.3,
-                             "pch_build_s": pch_s, "jobs": args.jobs,
+    extra: dict[str, Any] = {"target_ratio": 0.3, "pch_build_s": pch_s, "split_trusted_s": split_s, "jobs": args.jobs,
                              "pch_used": all(r["pch_used"] for r in runs if r["variant"] == "sandbox" and r["ok"]),
+                             "split_used": all(r["split_used"] for r in runs if r["variant"] == "split" and r["ok"]),
                              "load_avg": os.getloadavg(), "runs": runs}
+    for variant in variants[1:]:  # variant / plain, the same answer ("ratio_*": the sandbox's, as before)
+        pairs = [(p, s) for p in runs for s in runs if p["variant"] == "plain" and s["variant"] == variant
+                 and p["answer"] == s["answer"] and p["ok"] and s["ok"]]
+        ratios = [s["build_s"] / p["build_s"] for p, s in pairs]
+        prefix = "ratio" if variant == "sandbox" else f"{variant}_ratio"
+        extra.update({f"{prefix}_p50": percentile(ratios, 50), f"{prefix}_min": min(ratios, default=float("nan")),
+                      f"{prefix}_max": max(ratios, default=float("nan")),
+                      f"{'cpu_ratio' if variant == 'sandbox' else variant + '_cpu_ratio'}_p50":
+                          percentile([s["cpu_s"] / p["cpu_s"] for p, s in pairs], 50)})
     if args.breakdown:
         last = next((r for r in reversed(runs) if r["variant"] == "sandbox" and r["ok"]), None)
         plain = next((r for r in reversed(runs) if r["variant"] == "plain" and r["ok"]), None)

@@ -84,9 +84,9 @@ FULL_HEADER_SUFFIX = "_fullhdr"
 
 
 # Part of every build key: bumped whenever how a build is made changes, so a persistent cache never
-# serves a verdict of the old recipe (3: the "min" tier before torch/types.h; 2: PCH forwarder and
-# narrow CUDA header; 1 cached compile_errors of answers that build).
-BUILD_RECIPE = "3"
+# serves a verdict of the old recipe (4: the split C++ build; 3: the "min" tier before torch/types.h;
+# 2: PCH forwarder and narrow CUDA header; 1 cached compile_errors of answers that build).
+BUILD_RECIPE = "4"
 
 
 # The only extra_cflags a PCH is built for, exactly as written in the answer (empty strings, as in
@@ -242,12 +242,14 @@ def write_narrow_header(root: str | Path) -> Path:
 
 
 def install_build_hooks(build_dir: str, pch_root: str | None, wanted: list[list[str]],
-                        narrow_header_dir: str | None = None) -> None:
+                        narrow_header_dir: str | None = None, split_root: str | None = None,
+                        split_wanted: list[list[str]] | None = None) -> None:
     """Wrap ``load_inline`` (inside the sandbox, before the candidate loads).
 
-    The first time a build is made (compile step) its decisions (PCH, narrow CUDA header) are
-    written next to it, and the run step repeats them, so both produce the same build command (no
-    rebuild). ``wanted`` collects flag sets that had no PCH yet, for the pool to build.
+    The first time a build is made (compile step) its decisions (split build, PCH, narrow CUDA
+    header) are written next to it, and the run step repeats them, so both produce the same build
+    command (no rebuild). ``wanted`` collects flag sets that had no PCH yet, ``split_wanted`` those
+    whose split build's trusted parts are missing (sandbox/split_build.py), for the pool to build.
     """
     from torch.utils import cpp_extension
 
@@ -265,8 +267,19 @@ def install_build_hooks(build_dir: str, pch_root: str | None, wanted: list[list[
         name = str(call["name"])
         decision_file = Path(build_dir) / f"{name}.pch.json"
         decision = json.loads(decision_file.read_text()) if decision_file.exists() else None
+        from sandbox import split_build  # here: it imports this module
+
+        if decision is None:
+            split = split_build.first(call, split_root, build_dir, split_wanted)
+            if split is not None and split[1] is not None:
+                _record(decision_file, {"split_build": split[0], "pch_dir": None, "build_name": name,
+                                        "narrow_cuda_header": None}, call)
+                return split[1]
+        elif decision.get("split_build") not in (None, "fallback"):  # the run step: the same split module
+            return split_build.again(call, decision["split_build"], build_dir)
         if decision is None:  # first build: the narrow tiers in order, then the header as written
-            decision = {"pch_dir": _pch_for(call, pch_root, wanted), "build_name": name, "narrow_cuda_header": None}
+            decision = {"pch_dir": _pch_for(call, pch_root, wanted), "build_name": name, "narrow_cuda_header": None,
+                        "split_build": "fallback" if split is not None else None}
             attempts = [(str(Path(narrow_header_dir) / t), name if i == 0 else f"{name}_{t}hdr")  # type: ignore[arg-type]
                         for i, t in enumerate(NARROW_TIERS)] if _narrow_header_applies(call, narrow_header_dir) else []
             attempts.append((None, name + FULL_HEADER_SUFFIX if attempts else name))

@@ -33,6 +33,7 @@ class BuildCache:
         self.building: dict[str, asyncio.Task] = {}
         self.pch_building: dict[str, asyncio.Task] = {}
         self._pch_requests: Counter[str] = Counter()
+        self._split_requests: Counter[str] = Counter()
         self.compile_times: list[float] = []
         self.closed = False
 
@@ -102,6 +103,10 @@ class BuildCache:
                     # a compile step ran the answer in its own process: its report is re-checked here
                     if isinstance(flags, list) and all(isinstance(f, str) for f in flags) and pch_allowed(flags):
                         self.schedule_pch(flags)
+                wanted = (out.data or {}).get("split_wanted", [])
+                for flags in wanted if isinstance(wanted, list) else []:  # re-checked as the PCH's
+                    if isinstance(flags, list) and all(isinstance(f, str) for f in flags) and pch_allowed(flags):
+                        self.schedule_split(flags)
                 return verdict
             finally:
                 fcntl.flock(lock_fd, fcntl.LOCK_UN)
@@ -123,21 +128,37 @@ class BuildCache:
         self._pch_requests[k] += 1
         existing = sum(1 for p in (self.cache / "pch").iterdir() if not p.name.startswith("."))
         if (k in self.pch_building or self._pch_requests[k] < self.cfg.pch_min_builds
-                or existing + len(self.pch_building) >= self.cfg.pch_max_sets):
+                or existing + sum(not b.startswith("split:") for b in self.pch_building) >= self.cfg.pch_max_sets):
             return
         self.pch_building[k] = asyncio.ensure_future(self._build_pch(flags))
 
+    def schedule_split(self, flags: list[str]) -> None:
+        """The split build's trusted parts for a flag set (sandbox/split_build.py), once as many
+        builds asked for them as a PCH needs; tracked with the PCHs (headers_ready waits for both)."""
+        if not self.cfg.split_build or self.closed or not pch_allowed(flags):
+            return
+        k = "split:" + json.dumps(flags)
+        self._split_requests[k] += 1
+        if k in self.pch_building or self._split_requests[k] < self.cfg.pch_min_builds:
+            return
+        self.pch_building[k] = asyncio.ensure_future(
+            self._build_trusted(["sandbox.split_build", "--root", str(self.cache / "split")], flags, "split"))
+
     async def _build_pch(self, flags: list[str]) -> None:
-        """Trusted (unsandboxed) build of torch/extension.h for one flag set, off the critical path."""
+        await self._build_trusted(["sandbox.build", "--pch-root", str(self.cache / "pch")], flags, "pch")
+
+    async def _build_trusted(self, module_args: list[str], flags: list[str], what: str) -> None:
+        """Trusted (unsandboxed) build of precompiled headers or the split build's library for one
+        flag set, off the critical path."""
         async with self.compile_slots:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "sandbox.build", "--pch-root", str(self.cache / "pch"),
+                sys.executable, "-m", *module_args,
                 "--cflags", json.dumps(flags), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 env=scrubbed_env({"PYTHONPATH": PROJECT_ROOT, "HOME": str(self.cache)}), start_new_session=True)
             self.launcher.live.add(proc)
             try:
                 out, err = await proc.communicate()
-                self.stats["pch_built" if proc.returncode == 0 else "pch_failed"] += 1
+                self.stats[f"{what}_built" if proc.returncode == 0 else f"{what}_failed"] += 1
             finally:
                 self.launcher.live.discard(proc)
                 release_transport(proc)

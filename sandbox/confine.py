@@ -24,7 +24,7 @@ _SANDBOX_PKG = str(Path(__file__).resolve().parent)
 
 def read_roots(req: StepRequest) -> list[str]:
     extra = [req.workdir, req.build_dir, _SANDBOX_PKG, *req.read_roots]
-    extra += [p for p in (req.pch_root, req.narrow_header_dir) if p]
+    extra += [p for p in (req.pch_root, req.narrow_header_dir, req.split_root) if p]
     return roots.default_read_roots(extra)
 
 

@@ -78,14 +78,15 @@ def _compile_step(req: StepRequest) -> dict[str, Any]:
     os.environ.update(HOME=workdir, TMPDIR=workdir)
     applied = confine.confine_runner(req, workdir)
     wanted: list[list[str]] = []
-    build.install_build_hooks(req.build_dir, req.pch_root, wanted, req.narrow_header_dir)
+    split_wanted: list[list[str]] = []
+    build.install_build_hooks(req.build_dir, req.pch_root, wanted, req.narrow_header_dir, req.split_root, split_wanted)
     t = time.perf_counter()
     try:
         protocol.build_candidate(req.candidate_src, workdir)
     except protocol.StepError as exc:
         return {"stage": exc.stage, "error_kind": exc.kind, "error": exc.message, "isolation": applied,
                 "wall_s": {"compile": round(time.perf_counter() - t, 3)}}
-    return {"stage": "compile", "compiled": True, "pch_wanted": wanted, "isolation": applied,
+    return {"stage": "compile", "compiled": True, "pch_wanted": wanted, "split_wanted": split_wanted, "isolation": applied,
             "wall_s": {"compile": round(time.perf_counter() - t, 3)}}
 
 

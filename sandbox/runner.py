@@ -63,7 +63,7 @@ def _handle(role: str, req: StepRequest, task: Any, op: str, msg: dict[str, Any]
         if role == "candidate":
             from sandbox import build
 
-            build.install_build_hooks(req.build_dir, req.pch_root, [], req.narrow_header_dir)
+            build.install_build_hooks(req.build_dir, req.pch_root, [], req.narrow_header_dir, req.split_root)
             try:
                 module = protocol.build_candidate(req.candidate_src, os.getcwd())
             except protocol.StepError as exc:

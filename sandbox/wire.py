@@ -73,6 +73,7 @@ class StepRequest:
     timed: bool = False
     pch_root: str | None = None
     narrow_header_dir: str | None = None
+    split_root: str | None = None  # trusted parts of the split C++ build (sandbox/split_build.py)
     read_roots: list[str] = field(default_factory=list)  # extra readable dirs (pch, narrow headers)
     output_tail_bytes: int = 8192
     gated: bool = False            # wait for the pool's word before touching the device

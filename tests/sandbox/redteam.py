@@ -1137,7 +1137,8 @@ def config(cache_dir: str | Path, **overrides: Any) -> Any:
     from sandbox.config import load_default_config
 
     settings: dict[str, Any] = dict(
-        cache_dir=str(cache_dir), precompiled_header=False, run_timeout_s=20, compile_timeout_s=400, warmup_runs=1,
+        cache_dir=str(cache_dir), precompiled_header=False, split_build=False, run_timeout_s=20, compile_timeout_s=400,
+        warmup_runs=1,
         timing_runs=5, correctness_trials=2, memory_limit_bytes=4 * 2**30, max_processes=64, max_concurrent=2,
         compile_workers=2)
     settings.update(overrides)
