@@ -4,7 +4,7 @@
 # (sandbox/build.py MIN_TYPES_H), a C PyInit, and a link with two trusted objects built once
 # (runtime.cpp: the module; binder_T_T.cpp: torch's m.def for a Tensor(Tensor) function, on the
 # PCH of torch/extension.h); then the module is loaded and checked against torch's own build.
-# The sandbox's own form of it, with generated binders: sandbox/split_build.py (EvalConfig split_build).
+# The sandbox's own form of it, with generated binders: sandbox/split_build.py (SandboxConfig split_build).
 # Prints g++ wall / user seconds per step.
 #   bash bench/split_build/run.sh [WORKDIR]
 set -euo pipefail

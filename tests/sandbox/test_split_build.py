@@ -13,7 +13,7 @@ from torch.utils import cpp_extension
 
 from bench.build_speed import templates
 from sandbox import build, split_build
-from sandbox.pool import EvalPool
+from sandbox.pool import SandboxPool
 
 FLAGS = ["-O3", "-fopenmp"]
 # the module's first test waits for the trusted builds: ~420 s at load ~30 on the 2-core box
@@ -50,7 +50,7 @@ async def test_the_corpus_cpp_answers_build_split_and_are_correct(split_cache, s
     assert len(answers) >= 10
     tasks = {t.id: t for t in load_builtin(profile="cpu")}
     cfg = dataclasses.replace(sandbox_cfg, split_build=True, cache_dir=str(split_cache))
-    async with EvalPool(cfg) as pool:
+    async with SandboxPool(cfg) as pool:
         results = await asyncio.gather(*(pool.evaluate(tasks[task].source, src, "cpu") for task, src, _ in answers))
     bad = [(task, r.error_kind, r.error) for (task, _, _), r in zip(answers, results) if not r.correct]
     assert not bad
@@ -122,7 +122,7 @@ async def test_the_pool_builds_the_trusted_parts_on_a_flag_sets_second_use_only_
                                                                                       monkeypatch):
     cfg = dataclasses.replace(sandbox_cfg, split_build=True, pch_min_builds=2, cache_dir=str(tmp_path))
     monkeypatch.setenv("CXX", "false")  # the builder's compiler fails at once: what is under test is the schedule
-    async with EvalPool(cfg) as pool:
+    async with SandboxPool(cfg) as pool:
         pool._builds.schedule_split(FLAGS)
         assert not pool._builds.pch_building
         pool._builds.schedule_split(FLAGS)
