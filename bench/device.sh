@@ -2,14 +2,14 @@
 # The H200 runs behind docs/performance.md, one part per device call (each part < 10 min):
 #   bash bench/device.sh compile   # bench.cuda_isolation, sandbox selfcheck (cuda), bench.sandbox
 #   bash bench/device.sh build     # bench.cuda_build (plain torch vs narrow header)
-#   bash bench/device.sh gpu       # bench.trainer (padded + the RL step), bench.weight_sync
+#   bash bench/device.sh gpu       # bench.trainer (padded + the RL step), bench.weight_push
 #   bash bench/device.sh mfu       # bench.trainer with flex_attention, the bench loop with compiled layers
 #   bash bench/device.sh recheck   # bench.cuda_isolation, bench.pipeline at 8 steps (one GPU)
 #   bash bench/device.sh stream    # bench.reward_streaming (cuda), bench.sampler (hf)
 #   bash bench/device.sh vllm      # vLLM (after .vbundle is installed): its tests, the cuda_ipc push
 #                                  # into vLLM, bench.sampler vllm vs bare vLLM, then hf (< 8 min)
 #   bash bench/device.sh evals     # bench.sandbox, bench.reward_streaming (smaller)
-#   bash bench/device.sh sync      # the GPU weight-sync test, bench.weight_sync (cuda_ipc), the RL step at 32k
+#   bash bench/device.sh sync      # the GPU weight-sync test, bench.weight_push (cuda_ipc), the RL step at 32k
 #   bash bench/device.sh sampler   # bench.sampler (hf) with the engine's generate time per path
 #   bash bench/device.sh scale     # the compiled RL step at 0.5B and 1.5B, bench.sampler (hf) with 6 repeats
 #   bash bench/device.sh levers    # issue 19: the trainer's GPU tests, the packed RL step at 0.5B/1.5B, compile on/off
@@ -68,8 +68,8 @@ gpu)
   step trainer 300 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer --preset qwen0.5b \
        --rows 64 --min-len 256 --max-len 4096 --token-budget 8192 --steps 2 --layouts padded --rl-step \
        --rl-budgets 8192,32768 --rl-chunks 1024 --prompt-len 512 --out "$res/trainer_h200.json"
-  step weight_sync 150 $py -m bench.weight_sync --preset qwen0.5b --transports cuda_ipc,object_store \
-       --pushes 4 --out "$res/weight_sync_h200.json"
+  step weight_push 150 $py -m bench.weight_push --preset qwen0.5b --transports cuda_ipc,object_store \
+       --pushes 4 --out "$res/weight_push_h200.json"
   ;;
 mfu)  # the levers the 2026-12-03 profile points at, each against the padded sdpa row of `gpu`
   # packed rows through flex_attention's block mask instead of sdpa's dense one (compiles first)
@@ -107,11 +107,11 @@ vllm)  # issue 17: the engine's tests and the push into it (JSON of each push's 
   # the persistent cuda_ipc buffers across processes, the push through the real actors into vLLM,
   # the sampler against bare vLLM on the same prompts, and HF beside it (smaller: ~0.6k tokens/s)
   # its own process: an in-process vLLM engine has taken torch.distributed's default group
-  step gpu_sync_test 40 $py -m pytest -q -s -rA tests/pipeline/weight_sync/test_gpu_weight_sync.py
+  step gpu_sync_test 40 $py -m pytest -q -s -rA tests/pipeline/weight_push/test_gpu_weight_push.py
   step vllm_tests 150 env OUT="$res" $py -m pytest -q -s -rA -m "vllm or gpu" tests/pipeline/engines/test_vllm_engine.py \
        tests/pipeline/engines/test_vllm_weight_push.py
-  step weight_sync_vllm 80 $py -m bench.weight_sync --preset qwen0.5b --engine vllm --transports cuda_ipc \
-       --pushes 6 --out "$res/weight_sync_vllm_h200.json"
+  step weight_push_vllm 80 $py -m bench.weight_push --preset qwen0.5b --engine vllm --transports cuda_ipc \
+       --pushes 6 --out "$res/weight_push_vllm_h200.json"
   step sampler_vllm 90 $py -m bench.sampler --engine vllm --preset qwen0.5b --dtype bfloat16 --tasks 4 \
        --trajectories 16 --max-tokens 256 --repeats 2 --gpu-memory-utilization 0.3 --out "$res/sampler_vllm_h200.json"
   # (the HF fallback: part sampler; measured there at ~0.6k tokens/s)
@@ -123,9 +123,9 @@ evals)  # 2026-12-03, after the device gate, the "min" header tier; sized for th
        --gen-seconds 20 --max-concurrent 16 --compile-workers 8 --out "$res/reward_streaming_cuda.json"
   ;;
 sync)  # 2026-12-03: flat-bucket cuda_ipc (its GPU test, then the bench), the project's RL step at 32k
-  step gpu_tests 120 $py -m pytest -x -q tests/pipeline/weight_sync/test_gpu_weight_sync.py
-  step weight_sync 100 $py -m bench.weight_sync --preset qwen0.5b --transports cuda_ipc --pushes 6 \
-       --out "$res/weight_sync_h200.json"
+  step gpu_tests 120 $py -m pytest -x -q tests/pipeline/weight_push/test_gpu_weight_push.py
+  step weight_push 100 $py -m bench.weight_push --preset qwen0.5b --transports cuda_ipc --pushes 6 \
+       --out "$res/weight_push_h200.json"
   step trainer_rl 240 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer --preset qwen0.5b \
        --rows 64 --min-len 256 --max-len 4096 --steps 2 --layouts "" --rl-step --rl-budgets 32768 \
        --rl-chunks 1024 --prompt-len 512 --out "$res/trainer_rl_h200.json"

@@ -41,7 +41,7 @@ from bench.common import fmt, machine, parser, progress, report, target
 from pipeline.conf_files import CONF_DIR as CONF  # noqa: E402
 KEYS = {"step_s": "timing_s/step", "gen_s": "timing_s/gen", "reward_tail_s": "timing_s/reward",
         "gen_plus_reward_s": "timing_s/gen_total", "train_s": "timing_s/train", "push_s": "timing_s/update_weights",
-        "efficiency": "pipeline/efficiency", "eval_p95_s": "timing_s/eval_p95",
+        "efficiency": "pipeline/efficiency", "eval_p95_s": "timing_s/score_p95",
         "policy_lag": "pipeline/policy_lag", "policy_lag_max": "pipeline/policy_lag_max",
         "dropped": "staleness/dropped_samples", "samples": "perf/samples", "correct": "kernel/correct",
         "errors": "sample/error_frac"}

@@ -25,7 +25,7 @@ def rl_step(args: Any, arch: dict[str, Any], lengths: list[int], device: torch.d
     ``--prompt-len`` tokens, responses of the lengths above, 8 samples per task, random scores.
     Its work per row: forward + backward, and a forward for the old log-probs of the rows after
     the first mini-batch."""
-    from bench.weight_sync import group
+    from bench.weight_push import group
     from pipeline.algorithms import build_train_batch
     from pipeline.algorithms.config import AlgorithmConfig
     from pipeline.models.config import ModelConfig

@@ -181,8 +181,8 @@ def check(cfg: Config) -> None:
         errors.append(f"rollout.turns={cfg.rollout.turns}: expected >= 1")
     if cfg.rollout.n_trajectories < 1:
         errors.append(f"rollout.n_trajectories={cfg.rollout.n_trajectories}: expected >= 1")
-    if cfg.rollout.max_pending_evals < 0:
-        errors.append(f"rollout.max_pending_evals={cfg.rollout.max_pending_evals}: expected >= 0 (0: no back pressure)")
+    if cfg.rollout.max_pending_scores < 0:
+        errors.append(f"rollout.max_pending_scores={cfg.rollout.max_pending_scores}: expected >= 0 (0: no back pressure)")
     a = cfg.algorithm
     if a.clip_ratio_high < a.clip_ratio_low:
         errors.append(f"algorithm.clip_ratio_high={a.clip_ratio_high} < algorithm.clip_ratio_low="

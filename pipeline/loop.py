@@ -26,7 +26,7 @@ from typing import Any
 from pipeline import checkpoint
 from pipeline.algorithms import mean_score, skip_reason
 from pipeline.heartbeat import Activity, progress_bar
-from pipeline.metrics import env_metrics, eval_latency_metrics, score_metrics
+from pipeline.metrics import env_metrics, score_latency_metrics, score_metrics
 from pipeline.parts import GeneratedBatch, LoopParts, WeightsGone
 from pipeline.recovery import TrainerRecovery
 from pipeline.sample import Sample
@@ -144,7 +144,7 @@ class Loop:
         t0 = time.time()
         self.events.append(("push", version, step))
         with self.activity.doing("push", f"pushing weights v{version}"):
-            await self.parts.weight_sync.push(version)
+            await self.parts.weight_push.push(version)
         t1 = time.time()
         self.parts.timeline.add("push", "push", step, t0, t1)
         return t1 - t0
@@ -240,7 +240,7 @@ class Loop:
     async def _run(self) -> list[dict[str, float]]:
         cfg = self.cfg
         self._cond, self._sampler_lock = asyncio.Condition(), asyncio.Lock()
-        if cfg.initial_weight_sync or self.start_step > 0:
+        if cfg.initial_weight_push or self.start_step > 0:
             await self.push(self.version, self.start_step - 1)
         for b, samples in pending_by_step(self.pending).items():
             if self.start_step <= b < cfg.steps:
@@ -318,7 +318,7 @@ class Loop:
             metrics["timing_s/prologue_gen"] = prologue
         metrics["pipeline/weights_version"] = float(self.version)
         metrics["pipeline/trainer_restarts"] = float(self.recovery.restarts)
-        split = self.parts.weight_sync.last_stats  # the push's own split of its seconds
+        split = self.parts.weight_push.last_stats  # the push's own split of its seconds
         metrics.update({f"pipeline/push_{k}": float(split[k])
                         for k in ("transport_s", "load_s", "check_s") if k in split})
         self._log(step, metrics, cur.samples)
@@ -337,7 +337,7 @@ class Loop:
         t_gen = gen.wall if gen is not None else 0.0
         m["timing_s/gen"] = (gen.last_token - gen.t_start) if gen is not None else 0.0
         m["timing_s/reward"] = gen.reward_tail if gen is not None else 0.0
-        m.update(eval_latency_metrics(gen.samples) if gen is not None else {})  # the same batch's
+        m.update(score_latency_metrics(gen.samples) if gen is not None else {})  # the same batch's
         m["timing_s/gen_total"] = t_gen
         m["timing_s/train"] = t_train
         m["timing_s/update_weights"] = t_push

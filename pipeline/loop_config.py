@@ -18,10 +18,10 @@ class PipelineConfig:
     tasks_per_batch: int = MISSING   # Kevin: 8
     task_split: str = MISSING        # the env split to train on
     shuffle_tasks: bool = MISSING    # new task order each pass over the split (seeded)
-    weight_sync: str = MISSING       # auto | object_store | cuda_ipc | broadcast
-    weight_sync_timeout_s: float = MISSING  # forming the broadcast group, at most
-    initial_weight_sync: bool = MISSING  # push the trainer's weights before the first batch
-    verify_weight_sync: bool = MISSING   # compare per-tensor checksums of engine and trainer after each push
+    weight_push: str = MISSING       # auto | object_store | cuda_ipc | broadcast
+    weight_push_timeout_s: float = MISSING  # forming the broadcast group, at most
+    initial_weight_push: bool = MISSING  # push the trainer's weights before the first batch
+    verify_weight_push: bool = MISSING   # compare per-tensor checksums of engine and trainer after each push
     progress: bool = MISSING         # progress bars on generation / training
     heartbeat_s: float = MISSING     # bars off: a line on each part's work after this long without one (0: never)
     seed: int = MISSING

@@ -99,7 +99,7 @@ class Session:
         from pipeline.rollout_config import max_response_length, response_length_at
         from pipeline.sampler import SamplerGroup
         from pipeline.trainer import TrainerGroup
-        from pipeline.weight_sync import choose_transport, make_weight_sync
+        from pipeline.weight_push import choose_transport, make_weight_push
 
         env_vars = actor_env_vars(cfg.pipeline.progress)
         import ray
@@ -137,9 +137,9 @@ class Session:
             resume_dir=str(resume_dir) if resume_dir else None, env_vars=env_vars)
         self.closers.append(trainer.shutdown)
         on_gpu = cfg.resources.trainer.gpus > 0
-        sync = make_weight_sync(trainer, samplers, choose_transport(
-            cfg.pipeline.weight_sync, shared, on_gpu, shared_gpus=cfg.resources.trainer.gpus),
-            timeout_s=cfg.pipeline.weight_sync_timeout_s, verify=cfg.pipeline.verify_weight_sync)
+        sync = make_weight_push(trainer, samplers, choose_transport(
+            cfg.pipeline.weight_push, shared, on_gpu, shared_gpus=cfg.resources.trainer.gpus),
+            timeout_s=cfg.pipeline.weight_push_timeout_s, verify=cfg.pipeline.verify_weight_push)
         tokenizer = load_tokenizer(cfg.model)
         tasks = ray.get(samplers.workers[0].tasks.remote(cfg.pipeline.task_split))
         self.logger = MetricsLogger(cfg.logger, run_dir, run_name=self.run_name,
@@ -149,7 +149,7 @@ class Session:
         self.closers.append(self.logger.close)
         rollout = cfg.rollout
         parts = LoopParts(
-            samplers=samplers, trainer=trainer, weight_sync=sync, tasks=tasks,
+            samplers=samplers, trainer=trainer, weight_push=sync, tasks=tasks,
             build_batch=lambda samples, step: build_train_batch(
                 samples, a, response_length_at(rollout, step), tokenizer.pad_token_id),
             rollout_metrics=lambda samples: rollout_metrics(samples, a),

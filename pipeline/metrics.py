@@ -77,7 +77,7 @@ def env_metrics(samples: list[Sample], wall_s: float) -> dict[str, float]:
     return out
 
 
-def eval_latency_metrics(samples: list[Sample]) -> dict[str, float]:
+def score_latency_metrics(samples: list[Sample]) -> dict[str, float]:
     """Seconds of one evaluation (a sample's last token -> its score, ``env.score`` with any wait
     for a sandbox slot): p50, p95 (nearest rank) and max over the batch. ``timing_s/reward`` is
     compared with the p95: a tail above it means the step waited for more than one slow score.
@@ -89,7 +89,7 @@ def eval_latency_metrics(samples: list[Sample]) -> dict[str, float]:
     if not xs:
         return {}
     p95 = xs[max(0, math.ceil(0.95 * len(xs)) - 1)]
-    return {"timing_s/eval_p50": statistics.median(xs), "timing_s/eval_p95": p95, "timing_s/eval_max": xs[-1]}
+    return {"timing_s/score_p50": statistics.median(xs), "timing_s/score_p95": p95, "timing_s/score_max": xs[-1]}
 
 
 def episode_rows(samples: list[Sample], k: int, decode: Any = None,

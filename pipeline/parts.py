@@ -1,6 +1,6 @@
 """What the step loop needs of each part, as Protocols that declare every member the loop (and its
 heartbeat and trainer recovery) uses: the real parts (SamplerGroup, TrainerGroup, the
-pipeline.weight_sync push objects, MetricsLogger) satisfy them structurally, and so does a test's
+pipeline.weight_push push objects, MetricsLogger) satisfy them structurally, and so does a test's
 fake, which is how the schedule is tested in seconds without Ray or a model
 (tests/pipeline/test_loop_schedule.py). ``LoopParts`` holds them for the loop; ``GeneratedBatch``
 is what generating one batch hands to training."""
@@ -125,7 +125,7 @@ class LoopParts:
 
     samplers: Samplers               # SamplerGroup
     trainer: Trainer                 # TrainerGroup
-    weight_sync: WeightPush          # pipeline.weight_sync.make_weight_sync
+    weight_push: WeightPush          # pipeline.weight_push.make_weight_push
     tasks: list[Any]                 # TaskRefs of the training split
     build_batch: Callable[[list[Sample], int], TrainBatch]  # (samples, step) -> its training rows
     rollout_metrics: Callable[[list[Sample]], dict[str, float]]

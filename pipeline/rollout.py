@@ -6,7 +6,7 @@ chat template -> ``engine.generate`` -> ``await env.score(task, text)`` -> histo
 trajectory waits for its evaluation, all others keep generating; each scored turn is handed to
 ``on_sample`` at once (streaming rewards).
 
-Back pressure: with ``rollout.max_pending_evals`` = L > 0, a trajectory about to generate waits
+Back pressure: with ``rollout.max_pending_scores`` = L > 0, a trajectory about to generate waits
 while L of the batch's answers are being evaluated (built, checked, timed). In the real regime
 every answer is a new build and the evaluator, not the engine, sets the step time; generating
 further ahead of it only lengthens its queue (and the reward tail) while holding the sampler GPU.
@@ -65,10 +65,10 @@ class BatchStats:
     t_last_score: float = 0.0
     engine_steps: float = 0.0            # the engine's steps (vLLM) or generate calls (HF) in this batch
     engine_busy_s: float = 0.0           # seconds inside them: step time tells a slower engine from a starved one
-    eval_pending_max: int = 0            # most answers awaiting their score at once (the evaluator's backlog)
-    eval_pending_at_gen_end: int = 0     # answers awaiting their score when the batch's last token came:
+    pending_scores_max: int = 0            # most answers awaiting their score at once (the evaluator's backlog)
+    pending_scores_at_gen_end: int = 0     # answers awaiting their score when the batch's last token came:
                                          # the reward tail is the time to drain these
-    gen_throttled_s: float = 0.0         # trajectory-seconds spent waiting for the backlog (max_pending_evals)
+    gen_throttled_s: float = 0.0         # trajectory-seconds spent waiting for the backlog (max_pending_scores)
     latencies_s: list[float] = field(default_factory=list)   # per sample: gen start -> score
     failures: list[str] = field(default_factory=list)        # trajectory-level errors (first 20)
 
@@ -97,8 +97,8 @@ class BatchStats:
             "perf/gen_tokens_per_s": self.response_tokens / self.gen_s if self.gen_s else 0.0,
             "perf/engine_steps": self.engine_steps,
             "perf/engine_step_ms": 1e3 * self.engine_busy_s / self.engine_steps if self.engine_steps else 0.0,
-            "rollout/eval_pending_max": float(self.eval_pending_max),
-            "rollout/eval_pending_at_gen_end": float(self.eval_pending_at_gen_end),
+            "rollout/pending_scores_max": float(self.pending_scores_max),
+            "rollout/pending_scores_at_gen_end": float(self.pending_scores_at_gen_end),
             "rollout/gen_throttled_s": self.gen_throttled_s,
         }
 
@@ -114,9 +114,9 @@ class BatchStats:
                      "engine_steps", "engine_busy_s", "gen_throttled_s"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         # each worker has its own evaluator backlog; the batch's worst one is what a reader acts on
-        out.eval_pending_max = max(self.eval_pending_max, other.eval_pending_max)
+        out.pending_scores_max = max(self.pending_scores_max, other.pending_scores_max)
         if other.t_last_gen_end > self.t_last_gen_end:
-            out.eval_pending_at_gen_end = other.eval_pending_at_gen_end
+            out.pending_scores_at_gen_end = other.pending_scores_at_gen_end
         out.t_start = min(self.t_start, other.t_start)
         out.t_last_gen_end = max(self.t_last_gen_end, other.t_last_gen_end)
         out.t_last_score = max(self.t_last_score, other.t_last_score)
@@ -222,7 +222,7 @@ class _Episodes:
         self.engine, self.tokenizer, self.env = engine, tokenizer, env
         self.step, self.version, self.cfg, self.on_sample = step, version, cfg, on_sample
         self.stats = stats
-        self.backlog = EvalBacklog(cfg.max_pending_evals)
+        self.backlog = EvalBacklog(cfg.max_pending_scores)
         self.samples: list[Sample] = []
         # the batch's prompts by their messages: n trajectories of a task start from one prompt, and
         # templating + tokenizing it n times on the event loop delays every request behind it
@@ -267,16 +267,16 @@ class _Episodes:
         if t_gen_end >= self.stats.t_last_gen_end:
             self.stats.t_last_gen_end = t_gen_end
             # this answer is about to be handed over too: count it among those the tail drains
-            self.stats.eval_pending_at_gen_end = self.backlog.pending + (gen.finish_reason != "error")
+            self.stats.pending_scores_at_gen_end = self.backlog.pending + (gen.finish_reason != "error")
         text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True) if gen.token_ids else ""
         error = gen.error if gen.finish_reason == "error" else None
         outcome: TurnOutcome | None = None
         if error is None:
-            self.stats.eval_pending_max = max(self.stats.eval_pending_max, self.backlog.add())
+            self.stats.pending_scores_max = max(self.stats.pending_scores_max, self.backlog.add())
             try:
-                outcome = await asyncio.wait_for(self.env.score(task, text), self.cfg.eval_timeout_s)
+                outcome = await asyncio.wait_for(self.env.score(task, text), self.cfg.score_timeout_s)
             except asyncio.TimeoutError:
-                error = f"evaluation timed out after {self.cfg.eval_timeout_s}s"
+                error = f"evaluation timed out after {self.cfg.score_timeout_s}s"
             except Exception as e:  # the environment scrubs what it returns; an exception is not that
                 error = scrub(f"evaluation failed: {type(e).__name__}: {e}")
             finally:

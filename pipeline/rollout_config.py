@@ -20,11 +20,11 @@ class RolloutConfig:
     # [[from_step, length], ...] ascending: e.g. [[0, 16384], [30, 22528]] (Kevin); [] = constant
     response_length_schedule: list[list[int]] = field(default_factory=lambda: MISSING)
     gen_timeout_s: float = MISSING       # one generation; past it the turn is a score-0 error sample
-    eval_timeout_s: float = MISSING      # one evaluation, likewise
+    score_timeout_s: float = MISSING      # one evaluation, likewise
     stream_buffer: int = MISSING         # finished samples a sampler holds before trajectories wait
     # back pressure: no new generation starts while this many of a worker's answers await their
     # score (the evaluator's backlog); 0: generate regardless (pipeline/rollout.py)
-    max_pending_evals: int = MISSING
+    max_pending_scores: int = MISSING
     engine: EngineConfig = field(default_factory=EngineConfig)
 
 

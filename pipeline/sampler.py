@@ -28,7 +28,7 @@ from pipeline.parts import LOSSES_PER_CALL, PushInterrupted, WeightsGone
 from pipeline.rollout import BatchStats, Starts
 from pipeline.sample import Sample
 from pipeline.sampler_worker import SamplerWorker, stream_shape
-from pipeline.weight_sync import replayable
+from pipeline.weight_push import replayable
 from rewards.interface import TaskRef
 
 if TYPE_CHECKING:

@@ -13,12 +13,12 @@ the kernel env, so each worker times on its own evaluation GPUs). Actor methods:
   :class:`~pipeline.rollout.BatchStats`. ``starts`` (``(task_id, traj) -> rollout.Start``)
   continues those trajectories from a given history. Backpressure: the caller holds at most
   ``rollout.stream_buffer`` unread samples, then the worker's trajectories wait.
-* ``update_weights(payload, version)``: any payload of :mod:`pipeline.weight_sync` (object-store
+* ``update_weights(payload, version)``: any payload of :mod:`pipeline.weight_push` (object-store
   buckets, CUDA IPC handles, broadcast layout) or ``(name, tensor)`` pairs / a state dict; in
   place, between batches of the engine. ``receive_weights`` is the same, returning timings and
   the checksum comparison; ``weight_receiver_call(transport, method, *args)`` reaches a
   transport's receiver state (a broadcast's ``join``). Both go to the worker's
-  :class:`~pipeline.weight_sync.WeightReceiver` (``worker.receiver``).
+  :class:`~pipeline.weight_push.WeightReceiver` (``worker.receiver``).
 * ``tasks(split)``, ``stats()``, ``sleep()``, ``wake()``, ``ping()``, ``aclose()``.
 
 The group that deals a batch to several of them, and replaces one that is lost, is
@@ -37,7 +37,7 @@ from typing import Any, AsyncIterator
 
 from pipeline.engines import engine_counters
 from pipeline.rollout import BatchStats, Starts, stream_episode_chunks
-from pipeline.weight_sync import REGISTRY, WeightReceiver
+from pipeline.weight_push import REGISTRY, WeightReceiver
 from rewards.interface import RewardEnv, TaskRef
 
 
@@ -143,7 +143,7 @@ class SamplerWorker:
 
     async def receive_weights(self, payload: Any, version: int) -> dict[str, Any]:
         """Load ``payload`` into the engine as ``version``; the report of
-        :meth:`~pipeline.weight_sync.WeightReceiver.receive` (seconds, checksum comparison)."""
+        :meth:`~pipeline.weight_push.WeightReceiver.receive` (seconds, checksum comparison)."""
         return await self.receiver.receive(self.engine, payload, version)
 
     def weight_receiver_call(self, transport: str, method: str, *args: Any) -> Any:

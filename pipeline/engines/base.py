@@ -68,7 +68,7 @@ class Engine(Protocol):
     def check_weights(self, expected: dict[str, Any]) -> dict[str, Any]:
         """Compare the live tensors with a sender's per-tensor checksums (HF names) after a load:
         ``{"checked": n, "unchecked": [...], "problems": [...]}``
-        (``pipeline.weight_sync.base.compare_checksums``)."""
+        (``pipeline.weight_push.base.compare_checksums``)."""
 
     def sleep(self) -> None:
         """Free what generation holds (KV cache; GPU weights for HF) until ``wake()``."""

@@ -220,8 +220,8 @@ class HFEngine:
         self._stats["weight_loads"] += 1
 
     def check_weights(self, expected: dict[str, Any]) -> dict[str, Any]:
-        """Compare the model's tensors with a sender's checksums (``pipeline.weight_sync.base``)."""
-        from pipeline.weight_sync.base import compare_checksums
+        """Compare the model's tensors with a sender's checksums (``pipeline.weight_push.base``)."""
+        from pipeline.weight_push.base import compare_checksums
 
         with self._lock:
             return compare_checksums(expected, self.model.state_dict())

@@ -286,7 +286,7 @@ class VLLMEngine:
         """Compare the model's tensors with a sender's checksums (HF names). vLLM stacks some HF
         tensors into one (``q_proj``, ``k_proj``, ``v_proj`` -> ``qkv_proj``: the model class's
         ``packed_modules_mapping``); their sums add up, so each is compared as its parts' total."""
-        from pipeline.weight_sync.base import compare_checksums
+        from pipeline.weight_push.base import compare_checksums
 
         if self.cfg.tensor_parallel_size > 1:  # each worker holds a shard: no whole tensor here
             return {"checked": 0, "problems": [], "unchecked": [

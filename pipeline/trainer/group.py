@@ -160,7 +160,7 @@ class TrainerGroup:
         out["actor/micro_batches"] = float(sum(len(m) for m in plan.ranks[0].mini_batches))
         return out
 
-    # ---- weight sync (pipeline/weight_sync/): every rank's sender takes part in a push --------
+    # ---- weight push (pipeline/weight_push/): every rank's sender takes part in a push --------
     def weight_sender_call(self, transport: str, method: str, *args: Any) -> list[Any]:
         """``method(*args)`` of every rank's sender of ``transport``, started: one Ray ref per
         rank, rank 0's first (await them together, or ``ray.get``; only rank 0 answers with data)."""

@@ -288,7 +288,7 @@ class TrainerWorker:
         tied weight under its first name only, since the engines tie it again themselves; with
         LoRA, merged under the base names."""
         from pipeline.trainer.lora import merged
-        from pipeline.weight_sync import gathered_without_aliases
+        from pipeline.weight_push import gathered_without_aliases
 
         sd = self.full_state_dict()
         if sd is None:
@@ -315,11 +315,11 @@ class TrainerWorker:
             size += nbytes
         return out
 
-    # ---- weight sync: a sender per transport (pipeline/weight_sync/), reached through the registry --
+    # ---- weight push: a sender per transport (pipeline/weight_push/), reached through the registry --
     def weight_sender(self, transport: str) -> Any:
         """This rank's sender of ``transport`` (made at first use; it keeps its state between
         pushes: the object store's refs, cuda_ipc's buffers, broadcast's group)."""
-        from pipeline.weight_sync import REGISTRY
+        from pipeline.weight_push import REGISTRY
 
         senders = self.__dict__.setdefault("_senders", {})
         if transport not in senders:
@@ -336,7 +336,7 @@ class TrainerWorker:
         """Bytes one push carries (a tied weight once, floats in the export dtype): the same for
         every transport."""
         from pipeline.trainer.lora import export_shapes
-        from pipeline.weight_sync import without_aliases
+        from pipeline.weight_push import without_aliases
 
         itemsize = self.export_dtype().itemsize
         sd = export_shapes(without_aliases(self.model.state_dict()))

@@ -61,7 +61,7 @@ def _history(k, steps=6, gen=1.0, train=1.0):
         step = (g + train) if k == 0 else max(g, train)
         out.append({"step": s, "timing_s/step": step + 0.1 * (s % 2), "timing_s/gen": g * 0.8,
                     "timing_s/reward": g * 0.2, "timing_s/gen_total": g, "timing_s/train": train,
-                    "timing_s/update_weights": 0.0, "timing_s/eval_p95": 0.4 if g else 0.0,
+                    "timing_s/update_weights": 0.0, "timing_s/score_p95": 0.4 if g else 0.0,
                     "pipeline/policy_lag": float(min(s, k))})
     return out
 

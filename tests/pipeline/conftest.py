@@ -37,7 +37,7 @@ def rollout_cfg(**overrides: Any):
     """conf/rollout/hf.yaml shrunk for tests (tiny responses, few trajectories), then overrides."""
     base = {"n_trajectories": 2, "turns": 2, "max_response_length": 12,
             "response_length_schedule": [], "max_prompt_length": 1024,
-            "gen_timeout_s": 120, "eval_timeout_s": 60, "engine.hf.batch_wait_s": 0.01}
+            "gen_timeout_s": 120, "score_timeout_s": 60, "engine.hf.batch_wait_s": 0.01}
     base.update(overrides)
     return load_rollout_config("hf", [f"{k}={v}" for k, v in base.items()])
 

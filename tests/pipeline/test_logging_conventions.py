@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from pipeline.logger_config import LoggerConfig
-from pipeline.metrics import (MetricsLogger, env_metrics, eval_latency_metrics, peak_flops, score_metrics,
+from pipeline.metrics import (MetricsLogger, env_metrics, score_latency_metrics, peak_flops, score_metrics,
                               with_perf)
 from pipeline.sample import Sample
 from pipeline.timeline import main as timeline_main, step_timings
@@ -139,15 +139,15 @@ def test_one_evaluations_p95_from_the_samples_timestamps():
     samples.append(Sample(uid="0/t/20/0", step=0, task_id="t", traj=20, turn=0, prompt_ids=[1],
                           response_ids=[2], logprobs=[], finish_reason="error", score=0.0,
                           policy_version=0))  # a failed generation has no evaluation
-    m = eval_latency_metrics(samples)
-    assert m["timing_s/eval_p50"] == pytest.approx(1.05) and m["timing_s/eval_max"] == pytest.approx(2.0)
-    assert m["timing_s/eval_p95"] == pytest.approx(1.9)  # nearest rank: the 19th of 20
-    assert eval_latency_metrics(samples[-1:]) == {}
+    m = score_latency_metrics(samples)
+    assert m["timing_s/score_p50"] == pytest.approx(1.05) and m["timing_s/score_max"] == pytest.approx(2.0)
+    assert m["timing_s/score_p95"] == pytest.approx(1.9)  # nearest rank: the 19th of 20
+    assert score_latency_metrics(samples[-1:]) == {}
     # kernel env: only what the sandbox ran is an evaluation, not an answer that failed to parse
     samples[3].outcome = TurnOutcome(score=0.0, feedback="", evaluated=True)
     samples[7].outcome = TurnOutcome(score=0.0, feedback="", evaluated=True)
     samples[0].outcome = TurnOutcome(score=0.0, feedback="", evaluated=False)
-    assert eval_latency_metrics(samples)["timing_s/eval_p95"] == pytest.approx(0.8)
+    assert score_latency_metrics(samples)["timing_s/score_p95"] == pytest.approx(0.8)
 
 
 def test_the_env_names_its_metrics_and_the_pipeline_reduces_them():

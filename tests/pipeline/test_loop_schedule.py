@@ -117,13 +117,13 @@ def make(tmp_path, k, steps=6, train_s=0.02, turns=1, turn_s=0.0, partial=False,
          heartbeat_s=0.0):
     cfg = PipelineConfig(mode=None, max_staleness=k, staleness_policy=policy, partial_rollout=partial,
                          steps=steps, tasks_per_batch=2, task_split="train", shuffle_tasks=False,
-                         weight_sync="object_store", initial_weight_sync=False, progress=False,
+                         weight_push="object_store", initial_weight_push=False, progress=False,
                          heartbeat_s=heartbeat_s, seed=0, max_trainer_restarts=max_trainer_restarts)
     samplers = FakeSamplers(turns, turn_s)
     samplers.held = version
     trainer = FakeTrainer(train_s, stop_at)
     parts = LoopParts(
-        samplers=samplers, trainer=trainer, weight_sync=FakeSync(samplers),
+        samplers=samplers, trainer=trainer, weight_push=FakeSync(samplers),
         tasks=[Task(f"t{i}") for i in range(4)],
         build_batch=lambda s, step: SimpleNamespace(input_ids=torch.zeros(len(s), 1), samples=s,
                                                     step=step, metrics={}),
@@ -158,7 +158,7 @@ def test_parts_satisfy_the_protocols(tmp_path):
     loop, _, _ = make(tmp_path, 1)
     p = loop.parts
     assert isinstance(p.samplers, Samplers) and isinstance(p.trainer, Trainer)
-    assert isinstance(p.weight_sync, WeightPush) and isinstance(p.logger, Logger)
+    assert isinstance(p.weight_push, WeightPush) and isinstance(p.logger, Logger)
 
 
 @pytest.mark.parametrize("k", [0, 1, 3])

@@ -158,7 +158,7 @@ async def test_evaluator_crash_gives_zero_scored_samples_and_the_batch_completes
 async def test_timeouts_become_error_samples(engine, tiny):
     _, _, tok = tiny
     slow = ToyEnv(n_tasks=1, delay_s=5.0)
-    batch = await run_episodes(engine, tok, slow, slow.tasks("train"), 0, 0, rollout_cfg(eval_timeout_s=0.2))
+    batch = await run_episodes(engine, tok, slow, slow.tasks("train"), 0, 0, rollout_cfg(score_timeout_s=0.2))
     assert len(batch.samples) == 2 and all("evaluation timed out" in s.error for s in batch.samples)
     env = ToyEnv(n_tasks=1)
     batch = await run_episodes(engine, tok, env, env.tasks("train"), 0, 0, rollout_cfg(gen_timeout_s=1e-4))
@@ -271,7 +271,7 @@ class OneAtATimeEnv(ToyEnv):
 
 
 async def test_back_pressure_holds_generation_while_the_evaluator_has_a_backlog(tiny):
-    """max_pending_evals=2: no generation starts while two answers await their score, the batch
+    """max_pending_scores=2: no generation starts while two answers await their score, the batch
     still completes, and the step reports the backlog and the time waited; off (0), generations
     start whatever the backlog (here up to 8 at once)."""
     _, model, tok = tiny
@@ -279,15 +279,15 @@ async def test_back_pressure_holds_generation_while_the_evaluator_has_a_backlog(
     results = {}
     for limit in (0, 2):
         engine = HFEngine(model, tok, max_inflight=64, max_batch_size=8, batch_wait_s=0.01)
-        cfg = rollout_cfg(n_trajectories=4, turns=2, max_response_length=8, max_pending_evals=limit)
+        cfg = rollout_cfg(n_trajectories=4, turns=2, max_response_length=8, max_pending_scores=limit)
         batch = await run_episodes(engine, tok, env, env.tasks("train"), 0, 0, cfg)
         assert len(batch.samples) == 16 and batch.stats.n_errors == 0
         results[limit] = batch
     free, held = results[0], results[2]
     assert max(_pending_at(free.samples, s.t_gen_start) for s in free.samples) >= 4
-    assert free.stats.gen_throttled_s == 0 and free.stats.eval_pending_max == 8
+    assert free.stats.gen_throttled_s == 0 and free.stats.pending_scores_max == 8
     # with the gate, a generation starts only when fewer than 2 answers are pending
     assert max(_pending_at(held.samples, s.t_gen_start) for s in held.samples) < 2
     m = held.stats.metrics()
-    assert m["rollout/gen_throttled_s"] > 0.3 and m["rollout/eval_pending_max"] >= 2
-    assert 1 <= m["rollout/eval_pending_at_gen_end"] <= 8
+    assert m["rollout/gen_throttled_s"] > 0.3 and m["rollout/pending_scores_max"] >= 2
+    assert 1 <= m["rollout/pending_scores_at_gen_end"] <= 8

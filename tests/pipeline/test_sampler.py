@@ -10,7 +10,7 @@ from pipeline.sample import Sample
 from rewards.interface import Turn
 from pipeline.sampler import SamplerGroup
 from pipeline.sampler_worker import SamplerWorker, build_env, stream_shape
-from pipeline.weight_sync import ObjectStoreWeights
+from pipeline.weight_push import ObjectStoreWeights
 from rewards.toy import ToyEnv
 
 from tests.pipeline.conftest import rollout_cfg
@@ -118,7 +118,7 @@ async def test_update_weights_changes_outputs_on_every_worker(pool):
     other, _ = build_tiny(load_model_config("tiny", ["tiny.seed=3"]).tiny)
     import ray
 
-    # the object-store payload weight_sync sends: buckets of (name, tensor) lists in the store
+    # the object-store payload weight_push sends: buckets of (name, tensor) lists in the store
     names = list(other.state_dict().items())
     payload = ObjectStoreWeights(1, [ray.put(names[:10]), ray.put(names[10:])])
     assert await pool.update_weights(payload, 1) == [1, 1]

@@ -147,7 +147,7 @@ async def reference(parts, k):
 def with_loop(parts, k, tmp_path):
     cfg = PipelineConfig(mode=None, max_staleness=k, staleness_policy="drop", partial_rollout=False,
                          steps=STEPS, tasks_per_batch=TASKS, task_split="train", shuffle_tasks=False,
-                         weight_sync="object_store", initial_weight_sync=False, progress=False,
+                         weight_push="object_store", initial_weight_push=False, progress=False,
                          heartbeat_s=0.0, seed=0)
     trained = []
 
@@ -158,7 +158,7 @@ def with_loop(parts, k, tmp_path):
     logger = SimpleNamespace(log=lambda *a: None, log_table=lambda *a: None, log_image=lambda *a: None,
                              rewind=lambda step: None)
     loop = Loop(cfg, LoopParts(
-        samplers=parts.samplers, trainer=parts.local_trainer, weight_sync=parts.push, tasks=parts.tasks,
+        samplers=parts.samplers, trainer=parts.local_trainer, weight_push=parts.push, tasks=parts.tasks,
         build_batch=build, rollout_metrics=lambda s: {}, response_length=lambda step: 8,
         expected_samples=8, logger=logger, run_dir=tmp_path,
         checkpoint_cfg=SimpleNamespace(every=0, at_end=False, dir="ckpt", keep_last=0)), 0)

@@ -15,7 +15,7 @@ import torch
 
 from pipeline.models import load_model_and_tokenizer, load_model_config
 from pipeline.sampler import SamplerGroup
-from pipeline.weight_sync import ObjectStoreWeights, checksums
+from pipeline.weight_push import ObjectStoreWeights, checksums
 from rewards.toy import ToyEnv
 from tests.pipeline.conftest import rollout_cfg
 
@@ -197,7 +197,7 @@ async def test_sampler_killed_while_loading_a_cuda_ipc_push_is_replaced_and_load
 
     import ray
 
-    from pipeline.weight_sync import CudaIpcWeights
+    from pipeline.weight_push import CudaIpcWeights
 
     class HeldIpcWeights(CudaIpcWeights):
         def __init__(self, inner, marker):

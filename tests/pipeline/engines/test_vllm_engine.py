@@ -86,7 +86,7 @@ async def test_load_weights_changes_outputs_and_restores_them(setup):
         return [g.token_ids for g in await asyncio.gather(*[engine.generate(p, greedy) for p in prompts])]
 
     before = await run()
-    # a generator, as weight_sync's receiver yields buckets: consumed on the engine thread
+    # a generator, as weight_push's receiver yields buckets: consumed on the engine thread
     engine.load_weights(((k, v) for k, v in load_file(f"{other}/model.safetensors").items()), version=1)
     after = await run()
     engine.load_weights(load_file(f"{path}/model.safetensors").items(), version=2)

@@ -169,9 +169,9 @@ def test_a_lora_step_under_ray_reaches_an_hf_sampler_merged(ray_local):
     from pipeline.rollout_config import load_rollout_config
     from pipeline.sampler import SamplerGroup
     from pipeline.trainer import TrainerGroup
-    from pipeline.weight_sync import make_weight_sync
+    from pipeline.weight_push import make_weight_push
     from rewards.interface import TaskRef
-    from tests.pipeline.weight_sync.test_weight_sync import generate, max_gap
+    from tests.pipeline.weight_push.test_weight_push import generate, max_gap
 
     model_cfg, trainer_cfg, algo_cfg = configs()
     base, tok = load_model_and_tokenizer(model_cfg)
@@ -189,7 +189,7 @@ def test_a_lora_step_under_ray_reaches_an_hf_sampler_merged(ray_local):
         merged_sd = peft_merged(model_cfg, trainer_cfg, trainer.full_state_dict())
         policy, _ = load_model_and_tokenizer(model_cfg)
         policy.load_state_dict(merged_sd)
-        sync = make_weight_sync(trainer, samplers, "object_store", timeout_s=120, verify=True)
+        sync = make_weight_push(trainer, samplers, "object_store", timeout_s=120, verify=True)
         asyncio.run(sync.push(1))  # raises if any engine's tensor differs from what was sent
         assert sync.last_stats["checked_tensors"] == len(base.state_dict())
         after = asyncio.run(generate(samplers, 1, tasks))

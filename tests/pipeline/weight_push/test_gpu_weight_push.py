@@ -12,7 +12,7 @@ import torch
 from pipeline.models import ModelConfig
 from pipeline.trainer import TrainerConfig, TrainerWorker
 from pipeline.trainer.worker import free_port
-from pipeline.weight_sync import REGISTRY, WeightReceiver
+from pipeline.weight_push import REGISTRY, WeightReceiver
 from tests.pipeline.conftest import group
 
 
@@ -87,7 +87,7 @@ def test_cuda_ipc_persistent_buffers_arrive_intact_at_every_push():
     assert len(mappings) == 1  # mapped once, at the first push, and kept
     for want, payload, got, _, _ in rounds:
         assert [layout.dtype for layout, _, _ in payload.buffers] == ["bfloat16", "int32"]
-        # tied: the shared weight goes once, under the embedding's name (weight_sync.without_aliases)
+        # tied: the shared weight goes once, under the embedding's name (weight_push.without_aliases)
         assert set(got) == set(want) - {"lm_head.weight"} and "model.embed_tokens.weight" in got
         assert set(payload.checksums) == set(got)
         for name, (index, t) in got.items():

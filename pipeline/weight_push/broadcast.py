@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Iterator
 import torch
 
 from pipeline.parts import LOSSES_PER_CALL, PushInterrupted
-from pipeline.weight_sync.base import (Checksums, FlatLayout, Transport, WeightPushBase, broadcast,
+from pipeline.weight_push.base import (Checksums, FlatLayout, Transport, WeightPushBase, broadcast,
                                        checksums, flat_layouts, gathered_without_aliases, meta_export,
                                        new_group, pack)
 
@@ -162,7 +162,7 @@ class BroadcastPush(WeightPushBase):
                     pass
                 if attempt == LOSSES_PER_CALL:
                     raise
-                print(f"[weight_sync] broadcast of version {version}: {e}; forming the group again",
+                print(f"[weight_push] broadcast of version {version}: {e}; forming the group again",
                       file=sys.stderr, flush=True)
                 continue
             timings = dict(payload.timings, send_s=await send)

@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Iterator
 
 import torch
 
-from pipeline.weight_sync.base import Checksums, Transport, WeightPushBase, checksums
+from pipeline.weight_push.base import Checksums, Transport, WeightPushBase, checksums
 
 NAME = "object_store"
 

@@ -11,7 +11,7 @@ what the transports share; :mod:`.receiver` the sampler process's side of every 
 
 Adding a transport ``foo``:
 
-1. Write ``pipeline/weight_sync/foo.py`` with ``NAME = "foo"`` and its four parts: a payload
+1. Write ``pipeline/weight_push/foo.py`` with ``NAME = "foo"`` and its four parts: a payload
    dataclass (``transport = NAME``, ``replayable``, ``version``, ``checksums``, ``timings``,
    ``tensors(state)``, ``finish(state)``: :class:`~.base.Payload`); a sender class made as
    ``Sender(worker)`` once per trainer rank (its state: buffers, a group); a receiver state class
@@ -23,9 +23,9 @@ Adding a transport ``foo``:
    Receiver)``.
 2. Add ``foo.TRANSPORT`` to :data:`REGISTRY` below, and a rule to :func:`choose_transport` if
    ``auto`` is to pick it.
-3. Name it in the comment of ``pipeline.weight_sync`` in pipeline/loop_config.py and
-   conf/pipeline/default.yaml, and its settings, if any, as ``pipeline.weight_sync_*`` keys there,
-   passed to the push by :func:`make_weight_sync`.
+3. Name it in the comment of ``pipeline.weight_push`` in pipeline/loop_config.py and
+   conf/pipeline/default.yaml, and its settings, if any, as ``pipeline.weight_push_*`` keys there,
+   passed to the push by :func:`make_weight_push`.
 
 Nothing in the trainer or the sampler worker changes: they reach a sender or a receiver state only
 through the registry (``weight_sender_call`` / ``weight_receiver_call``).
@@ -34,14 +34,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.weight_sync import broadcast, cuda_ipc, object_store
-from pipeline.weight_sync.base import (Checksums, FlatLayout, Payload, Transport, WeightPushBase, checksums,
+from pipeline.weight_push import broadcast, cuda_ipc, object_store
+from pipeline.weight_push.base import (Checksums, FlatLayout, Payload, Transport, WeightPushBase, checksums,
                                        compare_checksums, flat_layouts, gathered_without_aliases,
                                        pack, replayable, without_aliases)
-from pipeline.weight_sync.broadcast import BroadcastWeights
-from pipeline.weight_sync.cuda_ipc import CudaIpcWeights
-from pipeline.weight_sync.object_store import ObjectStoreWeights
-from pipeline.weight_sync.receiver import WeightReceiver
+from pipeline.weight_push.broadcast import BroadcastWeights
+from pipeline.weight_push.cuda_ipc import CudaIpcWeights
+from pipeline.weight_push.object_store import ObjectStoreWeights
+from pipeline.weight_push.receiver import WeightReceiver
 
 REGISTRY: dict[str, Transport] = {t.name: t for t in (object_store.TRANSPORT, cuda_ipc.TRANSPORT,
                                                       broadcast.TRANSPORT)}
@@ -50,7 +50,7 @@ TRANSPORTS = ("auto", *REGISTRY)
 __all__ = ["REGISTRY", "TRANSPORTS", "BroadcastWeights", "Checksums", "CudaIpcWeights", "FlatLayout",
            "ObjectStoreWeights", "Payload", "Transport", "WeightReceiver", "checksums",
            "choose_transport", "compare_checksums", "flat_layouts", "gathered_without_aliases",
-           "make_weight_sync", "pack", "replayable", "without_aliases"]
+           "make_weight_push", "pack", "replayable", "without_aliases"]
 
 
 def choose_transport(name: str, colocated: bool, on_gpu: bool, shared_gpus: int = 1) -> str:
@@ -58,7 +58,7 @@ def choose_transport(name: str, colocated: bool, on_gpu: bool, shared_gpus: int 
     across separate GPUs. Pools sharing several GPUs use the object store: IPC reaches only the
     samplers on trainer rank 0's GPU, and NCCL refuses two ranks on one device."""
     if name not in TRANSPORTS:
-        raise ValueError(f"pipeline.weight_sync={name!r}: expected one of {TRANSPORTS}")
+        raise ValueError(f"pipeline.weight_push={name!r}: expected one of {TRANSPORTS}")
     if name != "auto":
         return name
     if not on_gpu:
@@ -68,12 +68,12 @@ def choose_transport(name: str, colocated: bool, on_gpu: bool, shared_gpus: int 
     return "broadcast"
 
 
-def make_weight_sync(trainer: Any, samplers: Any, transport: str, timeout_s: float,
+def make_weight_push(trainer: Any, samplers: Any, transport: str, timeout_s: float,
                      verify: bool = True) -> WeightPushBase:
     """The push object of ``transport`` (a name ``choose_transport`` returned); ``timeout_s``
-    bounds forming a broadcast group (``pipeline.weight_sync_timeout_s``)."""
+    bounds forming a broadcast group (``pipeline.weight_push_timeout_s``)."""
     if transport not in REGISTRY:
-        raise ValueError(f"pipeline.weight_sync={transport!r}: expected one of {tuple(REGISTRY)} "
+        raise ValueError(f"pipeline.weight_push={transport!r}: expected one of {tuple(REGISTRY)} "
                          "(resolve 'auto' with choose_transport first)")
     return REGISTRY[transport].push(trainer, samplers, timeout_s=timeout_s, verify=verify)
 

@@ -13,7 +13,7 @@ The contract (one implementation per transport, one file each, registered as a :
   ``(HF name, tensor)`` pairs inside a sampler process, and ``finish(state)`` runs once the
   engine has copied them; ``state`` is the transport's receiver state in that process;
 * a **receiver state** (optional) lives in a sampler process, held by its
-  :class:`~pipeline.weight_sync.receiver.WeightReceiver` (made at first use, kept across pushes: a
+  :class:`~pipeline.weight_push.receiver.WeightReceiver` (made at first use, kept across pushes: a
   mapping of the trainer's buffers, a process group); the driver reaches its methods through the
   sampler worker's ``weight_receiver_call(transport, method, *args)``;
 * a **push** (:class:`WeightPushBase`) lives in the driver and orders the two sides through
@@ -158,7 +158,7 @@ def new_group(host: str, port: int, rank: int, world_size: int, timeout_s: float
 
     timeout = timedelta(seconds=timeout_s)
     store = dist.TCPStore(host, port, world_size, is_master=(rank == 0), timeout=timeout)
-    store = dist.PrefixStore("weight_sync", store)
+    store = dist.PrefixStore("weight_push", store)
     if torch.cuda.is_available():
         return dist.ProcessGroupNCCL(store, rank, world_size)
     return dist.ProcessGroupGloo(store, rank, world_size, timeout)
@@ -288,7 +288,7 @@ class WeightPushBase(ABC):
 
 @dataclass(frozen=True)
 class Transport:
-    """One transport's parts, registered under ``name`` in :data:`pipeline.weight_sync.REGISTRY`:
+    """One transport's parts, registered under ``name`` in :data:`pipeline.weight_push.REGISTRY`:
     the driver's push, the trainer rank's sender (``sender(worker)``) and the sampler process's
     receiver state (``receiver()``; None when the payload carries everything)."""
     name: str

@@ -14,10 +14,10 @@ from pipeline.rollout_config import load_rollout_config
 from pipeline.sampler import SamplerGroup
 from pipeline.trainer import TrainerConfig, TrainerGroup, TrainerWorker
 from pipeline.trainer.worker import free_port
-from pipeline.weight_sync import (checksums, choose_transport, flat_layouts, make_weight_sync, pack,
+from pipeline.weight_push import (checksums, choose_transport, flat_layouts, make_weight_push, pack,
                                   without_aliases)
 from rewards.interface import TaskRef
-from pipeline.weight_sync.broadcast import BroadcastWeights
+from pipeline.weight_push.broadcast import BroadcastWeights
 from tests.pipeline.conftest import group
 from tests.reliability.test_sampler_faults import _hold_once, _kill_when_held
 
@@ -77,7 +77,7 @@ def test_push_reaches_every_sampler(ray_local, tmp_path):
         assert max_gap(model0, before) < 1e-4 and max_gap(model1, before) > 1e-2
 
         assert choose_transport("auto", colocated=False, on_gpu=False) == "object_store"
-        sync = make_weight_sync(trainer, samplers, "object_store", timeout_s=120)
+        sync = make_weight_push(trainer, samplers, "object_store", timeout_s=120)
         seconds = asyncio.run(sync.push(1))
         assert seconds > 0
         stats = sync.last_stats  # every tensor compared on every engine, the time split in parts
@@ -92,7 +92,7 @@ def test_push_reaches_every_sampler(ray_local, tmp_path):
         # back to the base weights with a plain state dict, then the broadcast transport
         asyncio.run(samplers.update_weights(dict(model0.state_dict()), 2))
         assert max_gap(model0, asyncio.run(generate(samplers, 2, tasks))) < 1e-4
-        bsync = make_weight_sync(trainer, samplers, "broadcast", timeout_s=120)
+        bsync = make_weight_push(trainer, samplers, "broadcast", timeout_s=120)
         asyncio.run(bsync.push(3))
         again = asyncio.run(generate(samplers, 3, tasks))
         assert {s.policy_version for s in again} == {3}
@@ -133,7 +133,7 @@ def test_push_reaches_every_sampler(ray_local, tmp_path):
 
 
 def test_unknown_transport_is_named():
-    with pytest.raises(ValueError, match="pipeline.weight_sync='nvlink'"):
+    with pytest.raises(ValueError, match="pipeline.weight_push='nvlink'"):
         choose_transport("nvlink", colocated=False, on_gpu=True)
 
 
@@ -269,8 +269,8 @@ def test_a_sampler_keeps_one_receiver_state_per_transport():
     """The receiver states come from the registry, each made once per process and kept across
     pushes; a transport without one gets None, an unknown name is refused by name, and broadcast
     weights handed to a sampler outside the weight group say so."""
-    from pipeline.weight_sync import REGISTRY, WeightReceiver
-    from pipeline.weight_sync.broadcast import BroadcastReceiver
+    from pipeline.weight_push import REGISTRY, WeightReceiver
+    from pipeline.weight_push.broadcast import BroadcastReceiver
 
     recv = WeightReceiver(REGISTRY)
     assert recv.state("object_store") is None

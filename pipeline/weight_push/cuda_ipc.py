@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Iterator
 
 import torch
 
-from pipeline.weight_sync.base import (Checksums, FlatLayout, Transport, WeightPushBase, checksums,
+from pipeline.weight_push.base import (Checksums, FlatLayout, Transport, WeightPushBase, checksums,
                                        flat_layouts, full_tensor, meta_export, without_aliases)
 
 NAME = "cuda_ipc"

@@ -9,12 +9,12 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from pipeline.weight_sync.base import Payload, Transport
+from pipeline.weight_push.base import Payload, Transport
 
 
 class WeightReceiver:
     """Lives in a sampler process. ``transports``: the registry
-    (:data:`pipeline.weight_sync.REGISTRY`) whose receiver states it makes, each at first use."""
+    (:data:`pipeline.weight_push.REGISTRY`) whose receiver states it makes, each at first use."""
 
     def __init__(self, transports: Mapping[str, Transport]) -> None:
         self.transports = transports

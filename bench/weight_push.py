@@ -1,4 +1,4 @@
-"""Weight push trainer -> sampler: ``pipeline.weight_sync`` push objects through the real actors
+"""Weight push trainer -> sampler: ``pipeline.weight_push`` push objects through the real actors
 (a ``TrainerGroup`` FSDP2 rank and a ``SamplerGroup`` worker with its engine, HF or vLLM), per
 transport. Push time = gather on the trainer + transfer + copy into the engine, what
 ``timing_s/update_weights`` reports in the loop; each push is split into transport (everything but
@@ -9,9 +9,9 @@ Every push is verified: the sender checksums what it sends, every engine compare
 (exact integer sums of the bits), so a fast push that delivered nothing would fail. Besides,
 after the timed pushes a few tensors are compared by value.
 
-    python -m bench.weight_sync --preset tiny --transports object_store,broadcast      # CPU
-    python -m bench.weight_sync --preset qwen0.5b --transports cuda_ipc,object_store   # one GPU
-    python -m bench.weight_sync --preset qwen0.5b --transports cuda_ipc --engine vllm  # vLLM
+    python -m bench.weight_push --preset tiny --transports object_store,broadcast      # CPU
+    python -m bench.weight_push --preset qwen0.5b --transports cuda_ipc,object_store   # one GPU
+    python -m bench.weight_push --preset qwen0.5b --transports cuda_ipc --engine vllm  # vLLM
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def main() -> None:
     from pipeline.rollout_config import load_rollout_config
     from pipeline.sampler import SamplerGroup
     from pipeline.trainer import TrainerConfig, TrainerGroup
-    from pipeline.weight_sync import make_weight_sync
+    from pipeline.weight_push import make_weight_push
 
     on_gpu = torch.cuda.is_available()
     res = group(ResourcesConfig, "resources/one_gpu" if on_gpu else "resources/default")
@@ -119,7 +119,7 @@ def main() -> None:
         expected = {n: float(sd[n].to(export).float().sum()) for n in probe_names}
         del sd
         for transport in args.transports.split(","):
-            sync = make_weight_sync(trainer, samplers, transport, timeout_s=300, verify=not args.no_verify)
+            sync = make_weight_push(trainer, samplers, transport, timeout_s=300, verify=not args.no_verify)
             times, parts = [], []
             for v in range(1, args.pushes + 2):
                 times.append(asyncio.run(sync.push(v)))
@@ -143,7 +143,7 @@ def main() -> None:
                          "checked_tensors": min(p["checked_tensors"] for p in parts),
                          "MB": nbytes / 1e6, "transport_GB/s": nbytes / (transport_ms / 1e3) / 1e9
                          if transport_ms else None, "weights_match": ok, "pushes": parts})
-            progress("weight_sync", {k: v for k, v in rows[-1].items() if k != "pushes"})
+            progress("weight_push", {k: v for k, v in rows[-1].items() if k != "pushes"})
     finally:
         samplers.shutdown()
         trainer.shutdown()
@@ -157,9 +157,9 @@ def main() -> None:
     ipc = [r for r in rows if r["transport"] == "cuda_ipc"]
     if ipc and on_gpu:
         extra["target_cuda_ipc_transport_le_20ms"] = target(ipc[0]["transport_ms_median"] <= 20)
-    report("weight_sync", args, rows, extra)
+    report("weight_push", args, rows, extra)
     if not all(r["weights_match"] for r in rows):
-        print("[weight_sync] the sampler's weights do not match the trainer's after a push", file=sys.stderr)
+        print("[weight_push] the sampler's weights do not match the trainer's after a push", file=sys.stderr)
         sys.exit(1)
 
 
