@@ -139,7 +139,7 @@ class BroadcastPush(WeightPushBase):
         self._group_restarts = self._restarts()
 
     def _restarts(self) -> tuple[int, int]:
-        return getattr(self.samplers, "restarts", 0), getattr(self.trainer, "restarts", 0)
+        return self.samplers.restarts, self.trainer.restarts  # a replaced worker is not in the group
 
     async def prepare(self, version: int) -> BroadcastWeights:
         """Every rank gathers; rank 0 packs the buffers and answers their layouts."""
