@@ -47,6 +47,7 @@ class SandboxConfig:
     cache_dir: str | None = MISSING        # null: a directory under the system temp dir
     excessive_speedup_threshold: float = MISSING  # speedups above this get the flag excessive_speedup
     reference_per_step: bool = MISSING     # time the reference in every timed step, not once per task (a GPU shared with other work)
+    reference_samples: int = MISSING       # steps of a task (in one pool) that time its reference before later ones use the fastest
     gpu_ids: list[int] = field(default_factory=list)  # empty: every visible GPU
     cpu_run_slots: int | None = MISSING    # cpu backend: run steps sharing the host for correctness (null: no gate)
     gpu_memory_share: float = MISSING      # share of a GPU's memory run steps may reserve at once (0: one step at a time)
@@ -87,7 +88,8 @@ def load_default_config(path: str | Path | None = None, **overrides: Any) -> San
 def validate(cfg: SandboxConfig) -> None:
     if cfg.backend not in BACKENDS:
         raise ValueError(f"sandbox.backend={cfg.backend!r}: expected one of {BACKENDS}")
-    for name in ("correctness_trials", "timing_runs", "max_concurrent", "compile_workers", "cpu_threads"):
+    for name in ("correctness_trials", "timing_runs", "max_concurrent", "compile_workers", "cpu_threads",
+                 "reference_samples"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"sandbox.{name}={getattr(cfg, name)}: expected an integer >= 1")
     if cfg.cpu_run_slots is not None and cfg.cpu_run_slots < 1:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
+import math
 import re
 import shutil
 import statistics
@@ -77,11 +77,13 @@ class SandboxPool:
         self._probe_lock = asyncio.Lock()
         self._own_cache = cfg.cache_dir is None
         self.cache = Path(cfg.cache_dir or tempfile.mkdtemp(prefix="sandbox_cache_"))
-        for sub in ("builds", "pch", "refs", "work"):
+        for sub in ("builds", "pch", "work"):
             (self.cache / sub).mkdir(parents=True, exist_ok=True)
         self._narrow_header_dir = str(write_narrow_header(self.cache / "narrow_header"))
         self._slots = asyncio.Semaphore(cfg.max_concurrent)
-        self._ref_ms: dict[str, float] = {}
+        # task key -> (fastest reference time measured in this pool, how many steps measured it)
+        self._ref: dict[str, tuple[float, int]] = {}
+        self._ref_from: set[str] = set()  # the evaluations whose measured reference time is counted
         self._gpus: list[tuple[int, str]] | None = None
         # one gate per GPU: a run step is given its GPU when it starts (so its trusted processes
         # start CUDA there while it prepares), is admitted once its task's footprint fits, shares the
@@ -179,12 +181,12 @@ class SandboxPool:
             # "p2": times of the second protocol (the judge's clock around each call), never mixed with
             # a persistent cache's older ones
             tkey = task_key(ref_src, f"p2:{backend}:{device_name}:{cfg.timing_runs}:{cfg.cpu_threads}")
-            ref_ms = self._ref_ms.get(tkey) or self._load_ref_ms(tkey)
+            ref_ms = self._known_ref(tkey)
             res = await self._run(ref_src, cand_src, backend, bkey, arch, cfg, eval_dir, eval_id, on_gpu, ref_ms,
                                   tkey)
-            if res.timed and res.ref_runtime_ms and ref_ms is None and res.error_kind is None \
-                    and tkey not in self._ref_ms:
-                self._store_ref_ms(tkey, res.ref_runtime_ms)
+            if res.timed and res.ref_runtime_ms and res.ref_runtime_spread is not None and res.error_kind is None:
+                self._add_ref(tkey, eval_id, res.ref_runtime_ms)  # timed in this step
+            self._ref_from.discard(eval_id)
             res.cache_hit = bool(compiled.get("cache_hit"))
             if "compile" in compiled.get("wall_s", {}) and not res.cache_hit:
                 res.wall_s["compile"] = compiled["wall_s"]["compile"]
@@ -237,8 +239,8 @@ class SandboxPool:
         # steps of a task launched before its reference time was known: the first to reach its timing
         # window times the reference, the others learn that time from the gate
         # (with reference_per_step each step times its own: the load beside it is the answer's load)
-        ref_time = (lambda: self._ref_ms.get(tkey), lambda ms: self._store_ref_ms(tkey, ms)) \
-            if timed and ref_ms is None and not cfg.reference_per_step else None
+        ref_time = (lambda: self._known_ref(tkey), lambda ms: self._add_ref(tkey, eval_id, ms)) \
+            if timed and not cfg.reference_per_step else None
         attempt = lost = 0
         while True:
             out = await self._launcher.step(req, "run", bkey, eval_dir / f"run{attempt}", eval_id, cfg, backend,
@@ -362,18 +364,21 @@ class SandboxPool:
             self._torch_version = version("torch")
         return self._torch_version
 
-    def _load_ref_ms(self, tkey: str) -> float | None:
-        path = self.cache / "refs" / f"{tkey}.json"
-        if path.exists():
-            value = float(json.loads(path.read_text())["ref_runtime_ms"])
-            self._ref_ms[tkey] = value
-            self._stats["ref_cache_hits"] += 1
-            return value
-        return None
+    def _known_ref(self, tkey: str) -> float | None:
+        """The task's reference time once ``reference_samples`` steps of this pool have timed it: the fastest
+        of them (a load passing over the machine only ever makes a reference slower). Never read
+        from disk: a time from another run (another load, another torch) would pair with none."""
+        fastest, count = self._ref.get(tkey, (math.inf, 0))
+        return fastest if count >= self.cfg.reference_samples else None
 
-    def _store_ref_ms(self, tkey: str, ms: float) -> None:
-        self._ref_ms[tkey] = ms
-        (self.cache / "refs" / f"{tkey}.json").write_text(json.dumps({"ref_runtime_ms": ms}))
+    def _add_ref(self, tkey: str, eval_id: str, ms: float) -> None:
+        """A reference time a step measured (over the gate as its window ends, or in its result:
+        counted once)."""
+        if eval_id in self._ref_from or not (ms > 0 and math.isfinite(ms)):
+            return
+        self._ref_from.add(eval_id)
+        fastest, count = self._ref.get(tkey, (math.inf, 0))
+        self._ref[tkey] = (min(fastest, ms), count + 1)
 
 
 def gpu_gate_budget(memory: int, cfg: SandboxConfig) -> tuple[int, int]:

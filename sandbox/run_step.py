@@ -130,9 +130,14 @@ class RunStep(InputSets):
         wall["timing"] = round(_perf_counter() - t, 3)
         wall["round_trip_ms"] = self._round_trip_ms()
         ref_ms = req.ref_runtime_ms or (self.gate.ref_ms if self.gate is not None else None)
-        if ref_ms is None:
-            self.cand.kill()  # nothing of the answer runs while the reference (cached per task) is timed
+        # A known reference time never credits a win: an answer that looks faster than it is paired
+        # with the reference timed here, right after it, under the same load. A reference timed
+        # once while the machine was busy is slow, and every answer scored against it looks fast.
+        if ref_ms is None or new_ms <= 0 or ref_ms / new_ms > 1.0:
+            self.cand.kill()  # nothing of the answer runs while the reference is timed
             sweep.kill_marked(os.environ.get(MARKER), keep=[self.ref.pid], everything=os.getpid() == 1)
+            if ref_ms is not None:
+                wall["ref_known_ms"] = round(ref_ms, 6)
             t = _perf_counter()
             ref_ms, self.result["ref_runtime_spread"] = self._time(self.ref, check=False)
             self.measured_ref_ms = ref_ms

@@ -116,7 +116,7 @@ async def test_steps_of_a_task_started_together_time_its_reference_once(sandbox_
     """Three answers to one task evaluated at once, before any reference time is known: the first
     step to reach its timing window times the reference and reports it before the window goes
     back; the others get that time with their own window and do not time the reference again."""
-    cfg = dataclasses.replace(sandbox_cfg, cpu_run_slots=3, max_concurrent=3)
+    cfg = dataclasses.replace(sandbox_cfg, cpu_run_slots=3, max_concurrent=3, reference_samples=1)
     answers = [_LOGGING_ANSWER + f"\n# variant {i}\n" for i in range(3)]
     task = ADD + "\n# a task of its own: no reference time cached by an earlier test\n"
     async with SandboxPool(cfg) as pool:
@@ -130,15 +130,15 @@ async def test_steps_of_a_task_started_together_time_its_reference_once(sandbox_
 async def test_reference_per_step_times_the_reference_beside_every_answer(sandbox_cfg):
     """On a GPU shared with a trainer or an engine (pipeline.main sets ``reference_per_step``) a
     reference timed once is not timed under the load the answer met: every timed step times it
-    again, even with a time cached for the task (which still sizes the limits); by default the
-    second step uses the cached time."""
+    again, even with a time known for the task (which still sizes the limits); by default the
+    second step uses the known time (one sample here)."""
     task = ADD + "\n# a task of its own: reference_per_step\n"
     answers = [_LOGGING_ANSWER + f"\n# per-step variant {i}\n" for i in range(3)]
-    async with SandboxPool(sandbox_cfg) as pool:  # cached: the first step times it, the next does not
+    once = dataclasses.replace(sandbox_cfg, reference_samples=1)
+    async with SandboxPool(once) as pool:  # known: the first step times it, the next does not
         cached = [await pool.evaluate(task, a, "cpu") for a in answers[:2]]
-    assert ["ref_timing" in r.wall_s for r in cached] == [True, False], [r.wall_s for r in cached]
-    per_step = dataclasses.replace(sandbox_cfg, reference_per_step=True)
-    async with SandboxPool(per_step) as pool:  # the same cache dir: the task's time is known there
+        assert ["ref_timing" in r.wall_s for r in cached] == [True, False], [r.wall_s for r in cached]
+        pool.cfg = dataclasses.replace(once, reference_per_step=True)
         again = [await pool.evaluate(task, a, "cpu") for a in answers[1:]]
     assert all(r.correct and r.timed and "ref_timing" in r.wall_s for r in again), [r.wall_s for r in again]
     assert all(r.speedup == r.ref_runtime_ms / r.new_runtime_ms for r in again)

@@ -1,0 +1,74 @@
+"""A speedup is only as honest as the reference time it divides: a reference timed once while the
+machine was busy is slow, and every answer scored against it afterwards looks fast. The pool times a
+task's reference in its first ``reference_samples`` steps, keeps the fastest, never reads one from
+disk, and a known time never credits a win (an answer that looks faster than it has the reference
+timed beside it, in the same step)."""
+from __future__ import annotations
+
+import dataclasses
+
+from sandbox.pool import SandboxPool
+from tests.sandbox.conftest import fixture_source
+
+ADD = fixture_source("tasks/add.py")
+
+# what the reference does, as an answer: an honest speedup of ~1x
+_SAME = """
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+        return a + b
+"""
+# slower than the reference by a sleep in every call: never looks faster than any reference time
+_SLOW = """
+import time
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+        time.sleep(0.02)
+        return a + b
+"""
+
+
+async def test_a_slow_known_reference_time_credits_no_win(sandbox_cfg):
+    """The reference time the pool learned is made 50x too slow (what a first measurement beside a
+    busy build looks like): an answer that does what the reference does is then paired with the
+    reference timed in its own step and scores ~1x, not ~50x; the pool keeps the faster time."""
+    task = ADD + "\n# a task of its own: a slow known reference\n"
+    cfg = dataclasses.replace(sandbox_cfg, reference_samples=1)
+    async with SandboxPool(cfg) as pool:
+        first = await pool.evaluate(task, _SAME + "\n# first\n", "cpu")
+        assert first.correct and first.timed and "ref_timing" in first.wall_s, first
+        (tkey, (fast, n)), = pool._ref.items()
+        pool._ref[tkey] = (fast * 50.0, n)   # as if timed while the machine was busy
+        again = await pool.evaluate(task, _SAME + "\n# again\n", "cpu")
+        slow = await pool.evaluate(task, _SLOW, "cpu")
+    assert again.correct and again.timed, again
+    assert again.wall_s["ref_known_ms"] == round(fast * 50.0, 6), again.wall_s
+    assert "ref_timing" in again.wall_s and again.ref_runtime_spread is not None, again.wall_s
+    assert again.speedup < 3.0, (again.speedup, again.ref_runtime_ms, again.new_runtime_ms)
+    assert again.speedup == again.ref_runtime_ms / again.new_runtime_ms
+    # the paired time was faster than the one known: it is the pool's time now, and an answer slower
+    # than it is scored against it without timing the reference again
+    assert pool._ref[tkey][0] < fast * 50.0
+    assert slow.correct and "ref_timing" not in slow.wall_s and slow.speedup < 1.0, slow.wall_s
+    assert slow.ref_runtime_ms == pool._ref[tkey][0]
+
+
+async def test_reference_times_are_per_pool_and_the_fastest_of_the_first_steps(sandbox_cfg):
+    """Three steps time the reference (``reference_samples``: 3); the fourth uses the fastest of
+    their times. A new pool on the same cache dir times it again: a time from another run
+    (another load on the machine, another torch) pairs with none of its answers."""
+    task = ADD + "\n# a task of its own: reference samples\n"
+    async with SandboxPool(sandbox_cfg) as pool:
+        results = [await pool.evaluate(task, _SLOW + f"\n# variant {i}\n", "cpu") for i in range(4)]
+    assert all(r.correct and r.timed for r in results), results
+    assert ["ref_timing" in r.wall_s for r in results] == [True, True, True, False], [r.wall_s for r in results]
+    assert results[3].ref_runtime_ms == min(r.ref_runtime_ms for r in results[:3])
+    async with SandboxPool(sandbox_cfg) as pool:   # the same cache_dir
+        later = await pool.evaluate(task, _SLOW + "\n# later\n", "cpu")
+    assert later.correct and "ref_timing" in later.wall_s, later.wall_s
