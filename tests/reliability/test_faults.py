@@ -4,6 +4,7 @@ loss; the other evaluations of the batch and the pool itself go on."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import time
@@ -117,7 +118,7 @@ async def test_a_kernel_that_never_ends_is_cut_at_its_call_limit_once_the_refere
     the step's 60 s limit, and is not run again alone."""
     hung = ("import torch.nn as nn\nTAG = 'call'\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
             "        while True:\n            pass\n")
-    async with SandboxPool(sandbox_cfg) as pool:
+    async with SandboxPool(dataclasses.replace(sandbox_cfg, reference_samples=1)) as pool:
         first = await asyncio.wait_for(pool.evaluate(RELU, CORRECT, "cpu"), timeout=120)
         assert first.correct and first.ref_runtime_ms, first
         t0 = time.monotonic()
