@@ -16,7 +16,7 @@ times; the ``trainer lost at step`` lines of the run's log are counted). Past th
 stops with the resume line: the driver then does what it says, the same command with
 ``resume=auto``, as a scheduler would, and counts it.
 
-Bar (issue 23): every faulted run reaches its last step with the same number of trained samples
+Bar: every faulted run reaches its last step with the same number of trained samples
 as an unfaulted run (sum of ``perf/samples`` over the steps of ``metrics.jsonl``), and a final
 reward (``critic/score/mean``, mean of the last 3 steps) within the unfaulted runs' spread, taken
 as their mean - 3 sd (sample sd of ``--clean-runs`` runs: with a range of a few runs as the bar,

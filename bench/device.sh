@@ -12,7 +12,7 @@
 #   bash bench/device.sh sync      # the GPU weight-sync test, bench.weight_push (cuda_ipc), the RL step at 32k
 #   bash bench/device.sh sampler   # bench.sampler (hf) with the engine's generate time per path
 #   bash bench/device.sh scale     # the compiled RL step at 0.5B and 1.5B, bench.sampler (hf) with 6 repeats
-#   bash bench/device.sh levers    # issue 19: the trainer's GPU tests, the packed RL step at 0.5B/1.5B, compile on/off
+#   bash bench/device.sh levers    # the trainer's GPU tests, the packed RL step at 0.5B/1.5B, compile on/off
 #   bash bench/device.sh levers-liger  # the same with Liger's kernels (carry .ligerpkgs too: bench/device_liger_pkgs.sh)
 #   bash bench/device.sh levers-scale  # 3B packed (with and without activation checkpointing), 1.5B ckpt, 1.5B padded at 32k
 #   bash bench/device.sh levers-head   # the compiled log-prob head (+chead) beside packed+compile, 0.5B and 1.5B,
@@ -103,7 +103,7 @@ recheck)  # the 2026-12-03 follow-up: Landlock variants (+ strace where present)
        model.tiny.num_attention_heads=14 model.tiny.num_key_value_heads=2 model.tiny.tie_word_embeddings=true \
        rollout.n_trajectories=8 rollout.max_response_length=256 pipeline.tasks_per_batch=4
   ;;
-vllm)  # issue 17: the engine's tests and the push into it (JSON of each push's times in $res),
+vllm)  # the engine's tests and the push into it (JSON of each push's times in $res),
   # the persistent cuda_ipc buffers across processes, the push through the real actors into vLLM,
   # the sampler against bare vLLM on the same prompts, and HF beside it (smaller: ~0.6k tokens/s)
   # its own process: an in-process vLLM engine has taken torch.distributed's default group
@@ -130,7 +130,7 @@ sync)  # 2026-12-03: flat-bucket cuda_ipc (its GPU test, then the bench), the pr
        --rows 64 --min-len 256 --max-len 4096 --steps 2 --layouts "" --rl-step --rl-budgets 32768 \
        --rl-chunks 1024 --prompt-len 512 --out "$res/trainer_rl_h200.json"
   ;;
-scale)  # 2026-12-03 (fifth session): the RL step without the first mini-batch's old pass, compiled,
+scale)  # 2026-12-03: the RL step without the first mini-batch's old pass, compiled,
   # at 0.5B and 1.5B (wider matmuls); the sampler wrapper with enough repeats to see 5 %
   step trainer_rl_compile 120 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $py -m bench.trainer \
        --preset qwen0.5b --rows 64 --min-len 256 --max-len 4096 --steps 2 --layouts "" --compile --rl-step \
@@ -145,7 +145,7 @@ sampler)  # bench.sampler (hf) alone, with the engine's own generate time per pa
   step sampler_hf 200 $py -m bench.sampler --engine hf --preset qwen0.5b --dtype bfloat16 --tasks 4 \
        --trajectories 8 --max-tokens 128 --repeats 6 --out "$res/sampler_hf_h200.json"
   ;;
-levers|levers-liger|levers-scale|levers-head)  # issue 19: bench/trainer_rl.py's LEVER_SETS at 32k, one set per call
+levers|levers-liger|levers-scale|levers-head)  # bench/trainer_rl.py's LEVER_SETS at 32k, one set per call
   # (rows are saved as they finish; --time-limit-s starts no row that the step's limit would cut)
   set_name=issue19${part#levers}
   profile=()

@@ -2,7 +2,7 @@
 # KernelBench on the device (H200): the harness self-test on levels 1 and 2, then the throughput
 # of our own CUDA answers (bench/kernelbench_answers), inside one time budget.
 #   bash bench/device_kernelbench.sh [BUDGET_S=480] [PARTS="selftest answers"]   # ends within ~BUDGET_S + 30 s
-# The throughput bars (issue 15) from one device call of < 8 min:
+# The throughput bars from one device call of < 8 min:
 #   bash bench/device_kernelbench.sh 420 selftest
 # Needs KernelBench carried as .kb (.kb/KernelBench/level1 ...). Writes into $OUT:
 #   env.txt, kernelbench_{selftest,answers}.{json,md,log}  (.md: the summary table, .log: progress)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The device calls that carry a fetched model in parts, join it and measure its KernelBench
 # baseline (docs/cluster.md "A real model on a machine without a network"; the order and the
-# carry lists: DEVICE_CALLS.txt).
+# carry lists: bench/device_calls.txt).
 #   bash bench/device_model.sh setup NAME           # packages (.devpkgs) once; what is there
 #   bash bench/device_model.sh part NAME            # after a call that carried one more part
 #   bash bench/device_model.sh join NAME            # parts -> checked GGUF -> /tmp/models/NAME (bf16)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16 on one H200: a 0.5B Qwen2-shaped model warm-started on the cuda answer corpus, then
+# Warm start, then RL, on one H200: a 0.5B Qwen2-shaped model warm-started on the cuda answer corpus, then
 # kernel_multiturn with the cuda backend and vLLM, in one device call (< 9 min). Without the vLLM
 # bundle: ROLLOUT=hf STEPS=8 LIMIT=560 (first run, H100, 2026-12-05, LIMIT=430: SFT 44 s, corpus
 # answers 118 s, Ray and the trainer 61 s, then 55-100 s a step: two RL steps):

@@ -152,7 +152,7 @@ def compare(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out[f"speedup_k{k}_over_k0"] = sp
         out[f"speedup_k{k}_noise"] = sp * rel
         out[f"speedup_k{k}_share_of_bound"] = sp / bound
-        if k == 1:  # issue 17's bars for one_off
+        if k == 1:  # the bars for one_off
             out["bar_speedup_at_least_0.9_bound"] = target(sp >= 0.9 * bound)
             out["bar_speedup_not_above_bound_plus_noise"] = target(sp <= bound + sp * rel) \
                 if rel == rel else "n/a"  # one steady step: no noise estimate

@@ -19,7 +19,7 @@
 # evaluations (bench/stored_answers.py); the sandbox compiles (once per answer: one shared build
 # cache), checks and times them on the GPU that vLLM and the trainer share (resources=one_gpu;
 # sampler 0.30 of its memory, trainer 0.40, the evaluator's processes the rest: pipeline.main sets
-# sandbox.gpu_memory_share to 0.27 from them. The ninth session ran 0.40 / 0.45 with the sandbox
+# sandbox.gpu_memory_share to 0.27 from them. An earlier H200 run used 0.40 / 0.45 with the sandbox
 # admitting up to 0.9 of the GPU, an overcommit its small footprints survived; 672 sequences' KV
 # (~1.8 k prompt + 512 tokens, 12 KB a token, prompts shared in the prefix cache) fits 0.30, and
 # the 0.5B trainer at 16 k tokens a micro-batch fits 0.40 (compiled at 32 k it peaked at 40.8 GiB)). At this
@@ -34,7 +34,7 @@
 # step's reward phase was three cold CUDA builds on a CPU shared with vLLM and the trainer (compile
 # p50 33-46 s): generate+reward 3.7-4.5x train. So the default now scores the same 3 tasks at every
 # step (--answer-tasks 3: builds hit the cache from the second step, as a run's repeated answers do;
-# the reward phase is the evaluations' own work on the GPU). The ninth session ran 224 trajectories
+# the reward phase is the evaluations' own work on the GPU). An earlier H200 run used 224 trajectories
 # a task (672 sequences): balanced (1.45x), but vLLM's steps took 60-70 ms (~10 k tokens/s, half
 # the rate at 384 sequences), likely because 672 is past vLLM's largest CUDA-graph batch (512 by
 # its default), so every step ran without graphs (not verified). The engine now asks vLLM for
@@ -44,7 +44,7 @@
 # batch (SHARE), 4 steps per k: the same batch with graphs says whether eager steps were the cause.
 # `rollout.engine.vllm.max_cudagraph_capture_size=512` as an extra override repeats the eager case.
 # The trainer stays uncompiled (the kernel experiments compile layers and head on GPU runs since
-# the fourteenth session): the ninth session balanced this workload with eager training, and a
+# 2026-12-05): the earlier H200 run balanced this workload with eager training, and a
 # faster train phase would unbalance it; `trainer.compile_layers=true trainer.compile_head=true`
 # as extra overrides measure the compiled trainer in the loop.
 # TURNS, NTRAJ, RESP, SHARE, ANSWER_TASKS, STEPS move it. One k per device call fits the 10 min
@@ -58,8 +58,8 @@ mkdir -p "$out"
 KS=${KS:-0} STEPS=${STEPS:-4} SHARE=${SHARE:-0.009} BUDGET=${BUDGET:-0} LIMIT=${LIMIT:-560}
 TURNS=${TURNS:-1} NTRAJ=${NTRAJ:-224} RESP=${RESP:-512} ANSWER_TASKS=${ANSWER_TASKS:-3}
 SEQS=$((NTRAJ * 3))
-# The trainer's peak at this workload was 33.7 GiB allocated, 36.7 GiB reserved (ninth session,
-# H200): 0.40 of an H200 (56 GiB) holds it, 0.40 of an 80 GB H100 (32 GiB) would not, so an H100
+# The trainer's peak at this workload was 33.7 GiB allocated, 36.7 GiB reserved (the earlier
+# H200 run): 0.40 of an H200 (56 GiB) holds it, 0.40 of an 80 GB H100 (32 GiB) would not, so an H100
 # gives the trainer 0.55 (44 GiB) and the evaluator's processes what is left (~0.15).
 gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n 1)
 if [ "${gpu_mib:-0}" -lt 100000 ]; then TRAINER_FRAC=${TRAINER_FRAC:-0.55}; else TRAINER_FRAC=${TRAINER_FRAC:-0.4}; fi
@@ -67,7 +67,7 @@ SAMPLER_FRAC=${SAMPLER_FRAC:-0.3}
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv >"$out/gpu.txt" 2>&1
 # the GPU's clocks, power and use twice a second for the whole run (gpu_clocks_k<k>.csv): whether
 # a phase ran at lower clocks (an H200 with little to do clocks down; the judge already warms it
-# before timing) is one question the ninth session's sync-vs-one_off generation left open
+# before timing) is one question the earlier H200 run's sync-vs-one_off generation left open
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,utilization.gpu,power.draw,temperature.gpu \
   --format=csv,nounits -lms 500 >"$out/gpu_clocks_k$KS.csv" 2>/dev/null &
 clocks=$!

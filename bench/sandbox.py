@@ -16,7 +16,7 @@ from typing import Any
 
 from bench.common import parser, percentile, progress, report, target
 
-# what the issue asks of the cuda backend on 16 cores + 1 GPU
+# the targets of the cuda backend on 16 cores + 1 GPU
 TARGETS = {"cold_compile_p50_s": 8.0, "cache_hit_s": 0.5, "evals_per_min": 60.0}
 
 

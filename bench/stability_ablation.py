@@ -1,4 +1,4 @@
-"""Issue 42's ablation: the laptop default for N seeds, base (a group split across the two
+"""The stability ablation: the laptop default for N seeds, base (a group split across the two
 optimiser steps, the old planner) vs fix (mini-batches by group), the same seeds in both arms.
 
     python -m bench.stability_ablation --seeds 0 1 2 --steps 8 [--arms base fix]
@@ -8,7 +8,7 @@ Each run is ``python -m pipeline.main +experiment=kernel_multiturn profile=lapto
 draws are seeded, but which requests share a ``generate`` call and the sandbox's timings are not,
 so two runs of one seed can still differ). Writes bench/baselines/cpu/stability_ablation.json after
 every run: per run the score and correct share per step, whether it collapsed (a step with no
-correct answer after one with >= 50 %), and the issue's bar (last two steps' mean reward >= first
+correct answer after one with >= 50 %), and the rise bar (last two steps' mean reward >= first
 two + 0.15).
 """
 from __future__ import annotations

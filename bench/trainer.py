@@ -288,8 +288,8 @@ def main() -> None:
                         torch.cuda.reset_peak_memory_stats()
                     # each row compiles afresh: dynamo keeps its compiled variants per code object
                     # (the decoder layer's forward is one for every model size), and past
-                    # recompile_limit (8) it runs new ones eagerly. The fourteenth session's third
-                    # row (3B, after 1.5B and 0.5B in the same process) hit that limit.
+                    # recompile_limit (8) it runs new ones eagerly. A 3B row run third
+                    # (after 1.5B and 0.5B in the same process) hit that limit.
                     _dynamo.reset()
                     t_row = time.perf_counter()
                     try:

@@ -115,12 +115,12 @@ def rl_label(budget: int, chunk: int, lever: dict[str, Any]) -> str:
 # trainer.liger, trainer.gradient_checkpointing
 FLAGS = ("compile", "chead", "liger", "ckpt")
 
-# the issue-19 matrix at a 32k-token budget, split so that each set fits one 8-minute device call
+# the lever matrix at a 32k-token budget, split so that each set fits one 8-minute device call
 # (a compiled row costs ~1.5-2.5 min with its compile; the padded baselines at 0.5B, eager and
 # compiled, were measured on the H200 on 2026-12-03: 11.8 % and 14.1 % MFU); within a set, the most telling row first
 LEVER_SETS = {
     "issue19": ["qwen1.5b/packed+compile", "qwen0.5b/packed+compile", "qwen1.5b/packed", "qwen0.5b/packed"],
-    # the compiled log-prob head beside the eighth session's best rows (the same call, side by side)
+    # the compiled log-prob head beside the best rows without it (the same call, side by side)
     "issue19-head": ["qwen1.5b/packed+compile+chead", "qwen1.5b/packed+compile", "qwen0.5b/packed+compile+chead",
                      "qwen0.5b/packed+compile"],
     "issue19-liger": ["qwen1.5b/packed+compile+liger", "qwen0.5b/packed+compile+liger", "qwen1.5b/packed+liger"],

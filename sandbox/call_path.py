@@ -1,4 +1,4 @@
-"""The runner's per-call code: what runs inside the judge's timed window (issue 40).
+"""The runner's per-call code: what runs inside the judge's timed window.
 
 Everything :func:`bind` returns reaches the functions it calls through references taken when it was
 called, which the runner does before any answer is imported: no module attribute, class attribute

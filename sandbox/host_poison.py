@@ -1,4 +1,4 @@
-"""The host allocation poison of a runner, checked from outside it (issue 40).
+"""The host allocation poison of a runner, checked from outside it.
 
 A runner turns glibc's allocation poison on (``mallopt(M_PERTURB, 0x100)``: every fresh host block
 reads as NaN bytes) before each correctness call, so an output the answer leaves unwritten fails

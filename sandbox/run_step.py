@@ -219,7 +219,7 @@ class RunStep(InputSets):
         """One call of runner ``r`` on its set ``k``: (its output descriptors, not yet opened,
         seconds on the judge's clock, the descriptors' fds)."""
         seed = (self.sets[k] if k >= 0 else self.check_set)["seed"]
-        # Before the clock starts (issue 40): the runner drops its last outputs, poisons and seeds
+        # Before the clock starts: the runner drops its last outputs, poisons and seeds
         # the generator from the inputs' own seed (a random op in the task, dropout, then draws the
         # same values in both runners). The call that follows is the forward and its outputs alone.
         msg, fds = r.ask("prep", self.deadline, poison=poison, rng=seed)
@@ -266,7 +266,7 @@ class RunStep(InputSets):
         return msg.get("outputs"), seconds, fds  # type: ignore[return-value]
 
     def _poisoned(self, r: Runner, poison: int, when: str, stage: str) -> None:
-        """A correctness call of the candidate with its host poison off is a rule violation (issue 40):
+        """A correctness call of the candidate with its host poison off is a rule violation:
         checked here, in the runner's memory, not asked of the runner."""
         why = host_poison.disabled(r.pid, self.poison_at, when) if poison and r is self.cand else None
         if why:

@@ -131,7 +131,7 @@ def read_result_line(line: bytes, key: bytes) -> dict[str, Any] | None:
 # forged message (the candidate runner's channel is the candidate's to write).
 
 # ``prep`` readies one call (the allocation poison, the seed) before the judge starts its clock;
-# ``call`` is the timed forward alone (issue 40: nothing the runner does first is on the clock)
+# ``call`` is the timed forward alone (nothing the runner does first is on the clock)
 OPS = ("load", "inputs", "prep", "call", "ping", "stop")
 REPLY_KEYS = {
     "ready": {"ready", "isolation"},

@@ -1,4 +1,4 @@
-"""A generated SFT corpus for the real-model recipe (issue 42): correct, varied kernels for many
+"""A generated SFT corpus for the real-model recipe: correct, varied kernels for many
 ops x shapes, none of them a held-out task.
 
 Each item is a synthetic KernelBench-style task (``Model`` + ``get_inputs``, with ``CPU_SIZES``)

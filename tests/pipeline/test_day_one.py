@@ -1,4 +1,4 @@
-"""What a new user does on day one (issue 44): evaluate a run without touching its files, sweep
+"""What a new user does on day one: evaluate a run without touching its files, sweep
 twice, Ctrl-C, an own model on a CPU box, W&B's environment variables, and every config or
 dependency error before Ray starts, in the one ``[pipeline] invalid configuration`` block."""
 import json

@@ -226,7 +226,7 @@ def test_response_length_schedule():
 
 
 async def test_a_push_mid_episode_lands_between_turns_and_each_turn_records_its_version(engine, tiny):
-    """pipeline.partial_rollout=true on the HF engine (issue 18 item 2, "wait for the turn to end"):
+    """pipeline.partial_rollout=true on the HF engine ("wait for the turn to end"):
     weights loaded while episodes run reach the engine under its batch lock, so no turn mixes two
     versions, and a trajectory's later turns report the newer one."""
     _, model, tok = tiny

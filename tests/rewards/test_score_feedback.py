@@ -97,7 +97,7 @@ def test_a_run_time_rule_violation_scores_zero_even_if_the_outputs_matched():
 
 
 def test_a_disabled_host_poison_scores_zero_with_its_reason():
-    # issue 40: the judge read glibc's poison setting off in the candidate's process
+    # the judge read glibc's poison setting off in the candidate's process
     caught = correct(3.0)
     caught.error_kind, caught.flags = "rule_violation", ["host_poison_disabled"]
     caught.error = "the host allocation poison was off after a correctness call (glibc's M_PERTURB read 0x0 ...)"

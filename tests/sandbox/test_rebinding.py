@@ -1,4 +1,4 @@
-"""Issue 40: an answer's C++ rebinds, through the Python C API, the runner's per-call helpers (the
+"""An answer's C++ rebinds, through the Python C API, the runner's per-call helpers (the
 red team's A34), or turns glibc's host allocation poison off itself (A35). CPU backend, real workers
 and a real C++ build (one cold build: ~1 min on the 2-core box); bench/redteam.py runs the same
 answers on cuda. At bc7aee1 A34 was credited (correct, 1.9x over the honest answer's speedup on this

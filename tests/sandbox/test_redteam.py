@@ -1,11 +1,11 @@
 """Red team of the second evaluation protocol (docs/sandbox.md), CPU backend, real workers: the
 answers of tests/sandbox/redteam.py, each followed by the task's correct answer in the same pool
-(one pool for the module). A = run-time reward hacks (issue 22), B = reads of what lies outside the
-read roots (issue 24), C = escapes (issue 25). Every answer must end without credit (an error kind,
-or correct and timed honestly) and with no planted secret in its verdict; after each group the host
-holds nothing of the answers (no marker file, no connection seen, nothing in /dev/shm, no work dir,
-no process). An answer that shows a hole is xfail(strict=True) with the hole as its reason.
-bench/redteam.py runs the same answers on any backend and prints the table."""
+(one pool for the module). A = run-time reward hacks, B = reads of what lies outside the read roots,
+C = escapes. Every answer must end without credit (an error kind, or correct and timed honestly) and
+with no planted secret in its verdict; after each group the host holds nothing of the answers (no
+marker file, no connection seen, nothing in /dev/shm, no work dir, no process). An answer that shows
+a hole is xfail(strict=True) with the hole as its reason. bench/redteam.py runs the same answers on any
+backend and prints the table."""
 from __future__ import annotations
 
 import pytest
@@ -96,12 +96,12 @@ async def test_the_escapes_left_the_host_unchanged(escapes, site):
     assert site.connections == 0 and not site.marker.exists()
 
 
-async def test_the_red_team_covers_what_the_issues_ask():
+async def test_the_red_team_covers_every_kind_of_attack():
     counts = {g: len(rt.names(g)) for g in "ABC"}
     assert counts["A"] >= 20 and counts["B"] >= 8 and counts["C"] >= 6, counts
     assert all(a.backend == "cpu" for a in rt.ANSWERS.values())
     prefixes = {n[:3] for n in rt.ANSWERS}
     for item, answers in rt.COVERS.items():
         assert answers and set(answers) <= prefixes, (item, sorted(set(answers) - prefixes))
-    # issue 24: the reads go through Python, C++ (a built extension) and the build step
+    # the reads go through Python, C++ (a built extension) and the build step
     assert "load_inline" in rt.ANSWERS["B15_cpp_extension_reads_and_raises"].source

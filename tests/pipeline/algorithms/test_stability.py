@@ -1,4 +1,4 @@
-"""Why runs fell after all-correct batches (issue 42), on a constructed nearly all-correct group.
+"""Why runs fell after all-correct batches, on a constructed nearly all-correct group.
 
 15 correct answers and one wrong one that shares all but its last token with them (the laptop's
 corpus answers differ in a few tokens). Under std normalisation the wrong answer gets A = -3.75
