@@ -7,6 +7,11 @@ random tiny Qwen2 of the given shape, taking ``--steps`` RL steps on the same sy
 every wrapped weight merged, W + scale * B @ A).
 
     python -m bench.lora --out bench/baselines/cpu/lora.json        # a CPU box
+    python -m bench.lora --shapes qwen0.5b,qwen1.5b --ranks 0,16 --out lora.json   # one GPU (bf16)
+
+The ``qwen*`` shapes are Qwen2.5-Coder-0.5B / 1.5B's architecture (layers, widths, heads, vocab),
+randomly initialised: memory and time do not depend on the weights' values. On a GPU each row also
+reports the step's peak allocated and reserved memory (the trainer's own ``perf/`` metrics).
 """
 from __future__ import annotations
 
@@ -21,6 +26,13 @@ SHAPES = {  # model.tiny keys
     "tiny": {},  # conf/model/tiny.yaml: 2 layers, hidden 64
     "small": {"tiny.hidden_size": 256, "tiny.intermediate_size": 704, "tiny.num_hidden_layers": 4,
               "tiny.vocab_size": 2048},
+    # Qwen2.5-Coder-0.5B/1.5B-Instruct's config.json (tied embeddings as there)
+    "qwen0.5b": {"tiny.hidden_size": 896, "tiny.intermediate_size": 4864, "tiny.num_hidden_layers": 24,
+                 "tiny.num_attention_heads": 14, "tiny.num_key_value_heads": 2, "tiny.vocab_size": 151936,
+                 "tiny.tie_word_embeddings": True},
+    "qwen1.5b": {"tiny.hidden_size": 1536, "tiny.intermediate_size": 8960, "tiny.num_hidden_layers": 28,
+                 "tiny.num_attention_heads": 12, "tiny.num_key_value_heads": 2, "tiny.vocab_size": 151936,
+                 "tiny.tie_word_embeddings": True},
 }
 
 
@@ -32,10 +44,14 @@ def run_row(shape: str, rank: int, steps: int) -> dict:
     from tests.pipeline.conftest import group
     from tests.pipeline.trainer.test_trainer import MAX_RESPONSE, make_samples, one_rank_step
 
-    model_cfg = group(ModelConfig, "model/tiny", **SHAPES[shape])
+    on_gpu = torch.cuda.is_available()
+    model_cfg = group(ModelConfig, "model/tiny", **SHAPES[shape], **({"dtype": "bfloat16"} if on_gpu else {}))
     trainer_cfg = group(TrainerConfig, "trainer/fsdp2", **{"optim.lr": 1e-4, "optim.warmup_ratio": 0.0,
                                                            "lora.rank": rank})
     algo = group(AlgorithmConfig, "algorithm/grpo_plus", **{"ppo_mini_batches": 2, "micro_batch_tokens": 256})
+    if on_gpu:  # each row's own peak (an earlier row's memory is freed below)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     _, tok = load_model_and_tokenizer(model_cfg)
     batch = build_train_batch(make_samples(len(tok), n_tasks=4, n_traj=4), algo, MAX_RESPONSE, tok.pad_token_id)
     plan, shard = one_rank_step(batch, algo)
@@ -43,10 +59,10 @@ def run_row(shape: str, rank: int, steps: int) -> dict:
                       total_optim_steps=2 * steps)
     info = w.init("127.0.0.1", free_port())
     try:
-        times = []
+        times, metrics = [], {}
         for _ in range(steps):
             t0 = time.perf_counter()
-            w.train_step(shard, plan.ranks[0], plan.global_seqs, plan.global_tokens, MAX_RESPONSE)
+            metrics = w.train_step(shard, plan.ranks[0], plan.global_seqs, plan.global_tokens, MAX_RESPONSE) or {}
             times.append(time.perf_counter() - t0)
         optim_bytes = sum(t.numel() * t.element_size() for s in w.optimizer.state.values()
                           for t in s.values() if torch.is_tensor(t))
@@ -55,11 +71,18 @@ def run_row(shape: str, rank: int, steps: int) -> dict:
         export_s = time.perf_counter() - t0
     finally:
         w.shutdown()
+        del w
+        import gc
+
+        gc.collect()
     return {"shape": shape, "lora_rank": rank, "params": info["params"],
             "trainable_params": info["trainable_params"],
             "trainable_share": info["trainable_params"] / info["params"],
             "optim_state_mb": optim_bytes / 2**20,
-            "step_s_median": statistics.median(times[1:]), "export_s": export_s}
+            "step_s_median": statistics.median(times[1:]), "export_s": export_s,
+            "device": info.get("device_name") or "cpu", "dtype": str(model_cfg.dtype),
+            "peak_allocated_gb": metrics.get("perf/max_memory_allocated_gb"),
+            "peak_reserved_gb": metrics.get("perf/max_memory_reserved_gb")}
 
 
 def main() -> None:
