@@ -147,7 +147,7 @@ sampler)  # bench.sampler (hf) alone, with the engine's own generate time per pa
   ;;
 levers|levers-liger|levers-scale|levers-head)  # bench/trainer_rl.py's LEVER_SETS at 32k, one set per call
   # (rows are saved as they finish; --time-limit-s starts no row that the step's limit would cut)
-  set_name=issue19${part#levers}
+  set_name=$part
   profile=()
   if [ "$part" = levers-head ]; then
     profile=(--rl-profile "$res/profile")

@@ -14,12 +14,12 @@ figure); the run also measures a large bf16 matmul on the same GPU and reports M
 The project's RL step (``--rl-step``) has levers, one row per ``--rl-configs`` entry
 ``PRESET/LAYOUT[+compile][+chead][+liger][+ckpt]`` (LAYOUT padded | packed: ``trainer.remove_padding``;
 ``+compile``: ``trainer.compile_layers``; ``+chead``: ``trainer.compile_head``; ``+liger``: ``trainer.liger``; ``+ckpt``:
-``trainer.gradient_checkpointing``), or a named set of ``bench.trainer_rl.LEVER_SETS`` (``issue19``,
-``issue19-head``, ``issue19-liger``, ``issue19-scale``: each fits one 8-minute device call). Liger patches
+``trainer.gradient_checkpointing``), or a named set of ``bench.trainer_rl.LEVER_SETS`` (``levers``,
+``levers-head``, ``levers-liger``, ``levers-scale``: each fits one 8-minute device call). Liger patches
 transformers' Qwen2 module for the whole process, so its rows run after all the others.
 
     python -m bench.trainer --preset qwen0.5b --rows 64 --layouts "" --rl-step --rl-budgets 32768 \
-        --rl-configs issue19 --time-limit-s 330 --out $OUT/trainer_issue19.json   # the H200
+        --rl-configs levers --time-limit-s 330 --out $OUT/trainer_levers.json   # the H200
 """
 from __future__ import annotations
 
@@ -205,7 +205,7 @@ def main() -> None:
     p.add_argument("--rl-budgets", default="", help="micro-batch token budgets of the rl steps (default --token-budget)")
     p.add_argument("--rl-chunks", default="1024", help="logprob_chunk_tokens of the rl steps (0: full logits)")
     p.add_argument("--rl-configs", default="", help="rl-step rows: PRESET/LAYOUT[+compile][+chead][+liger][+ckpt], "
-                   "comma-separated, or a named set (issue19); default: --preset, padded, --compile")
+                   "comma-separated, or a named set (levers); default: --preset, padded, --compile")
     p.add_argument("--time-limit-s", type=float, default=0.0, help="start no rl-step row after this many "
                    "seconds (the rows left are listed as skipped; 0: no limit)")
     p.add_argument("--prompt-len", type=int, default=512)

@@ -119,12 +119,12 @@ FLAGS = ("compile", "chead", "liger", "ckpt")
 # (a compiled row costs ~1.5-2.5 min with its compile; the padded baselines at 0.5B, eager and
 # compiled, were measured on the H200 on 2026-12-03: 11.8 % and 14.1 % MFU); within a set, the most telling row first
 LEVER_SETS = {
-    "issue19": ["qwen1.5b/packed+compile", "qwen0.5b/packed+compile", "qwen1.5b/packed", "qwen0.5b/packed"],
+    "levers": ["qwen1.5b/packed+compile", "qwen0.5b/packed+compile", "qwen1.5b/packed", "qwen0.5b/packed"],
     # the compiled log-prob head beside the best rows without it (the same call, side by side)
-    "issue19-head": ["qwen1.5b/packed+compile+chead", "qwen1.5b/packed+compile", "qwen0.5b/packed+compile+chead",
+    "levers-head": ["qwen1.5b/packed+compile+chead", "qwen1.5b/packed+compile", "qwen0.5b/packed+compile+chead",
                      "qwen0.5b/packed+compile"],
-    "issue19-liger": ["qwen1.5b/packed+compile+liger", "qwen0.5b/packed+compile+liger", "qwen1.5b/packed+liger"],
-    "issue19-scale": ["qwen3b/packed+compile+ckpt", "qwen3b/packed+compile", "qwen1.5b/packed+compile+ckpt",
+    "levers-liger": ["qwen1.5b/packed+compile+liger", "qwen0.5b/packed+compile+liger", "qwen1.5b/packed+liger"],
+    "levers-scale": ["qwen3b/packed+compile+ckpt", "qwen3b/packed+compile", "qwen1.5b/packed+compile+ckpt",
                       "qwen1.5b/padded+compile"],
 }
 

@@ -125,15 +125,15 @@ def test_stored_answers_parse_pass_the_rules_and_keep_their_share():
 def test_trainer_levers_expand_named_sets_and_run_liger_rows_last():
     from bench.trainer_rl import LEVER_SETS, parse_levers, rl_label
 
-    rows = parse_levers("qwen0.5b/packed+liger,issue19", "qwen0.5b", False)
-    assert len(rows) == 1 + len(LEVER_SETS["issue19"])
+    rows = parse_levers("qwen0.5b/packed+liger,levers", "qwen0.5b", False)
+    assert len(rows) == 1 + len(LEVER_SETS["levers"])
     assert rows[-1] == dict(preset="qwen0.5b", layout="packed", compile=False, liger=True, ckpt=False, chead=False,
                         ckpt_share=1.0)
     assert rows[0] == dict(preset="qwen1.5b", layout="packed", compile=True, liger=False, ckpt=False, chead=False,
                        ckpt_share=1.0)
     assert parse_levers("", "qwen1.5b", True) == [dict(preset="qwen1.5b", layout="padded", compile=True,
                                                        liger=False, ckpt=False, chead=False, ckpt_share=1.0)]
-    assert parse_levers("issue19-head", "qwen0.5b", False)[0]["chead"] is True
+    assert parse_levers("levers-head", "qwen0.5b", False)[0]["chead"] is True
     (part,) = parse_levers("qwen3b/packed+compile+ckpt33", "qwen0.5b", False)
     assert part["ckpt"] is True and part["ckpt_share"] == 0.33
     assert rl_label(32768, 1024, part).startswith("rl_step qwen3b/packed+compile+ckpt33 ")
