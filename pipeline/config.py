@@ -142,6 +142,25 @@ def register() -> None:
     ConfigStore.instance().store(name="config_schema", node=Config)
 
 
+# Keys renamed since they shipped: an old name on the command line gets its new one in one line
+# (Hydra's own message says only that the key is not in the schema).
+RENAMED_KEYS = {"pipeline.weight_sync": "pipeline.weight_push",
+                "pipeline.weight_sync_timeout_s": "pipeline.weight_push_timeout_s",
+                "pipeline.initial_weight_sync": "pipeline.initial_weight_push",
+                "pipeline.verify_weight_sync": "pipeline.verify_weight_push",
+                "rollout.eval_timeout_s": "rollout.score_timeout_s"}
+
+
+def renamed_overrides(argv: list[str]) -> list[str]:
+    """One message per command-line override that names a renamed key."""
+    found = []
+    for arg in argv:
+        key = arg.lstrip("+~").split("=", 1)[0]
+        if key in RENAMED_KEYS:
+            found.append(f"{key}: renamed {RENAMED_KEYS[key]} (CHANGELOG.md)")
+    return found
+
+
 def unknown_keys(schema: DictConfig, cfg: DictConfig, prefix: str = "") -> list[str]:
     """Keys of ``cfg`` that the schema does not declare. Hydra's ``+key=value`` adds a key even to
     a typed tree, so a misspelt ``+sandbox.timout=3`` would otherwise be ignored in silence."""
@@ -160,7 +179,8 @@ def unknown_keys(schema: DictConfig, cfg: DictConfig, prefix: str = "") -> list[
 
 def check(cfg: Config) -> None:
     """Semantic checks across groups; each message names the keys."""
-    errors = [f"{key}: no such key in the schema (pipeline/config.py); check its spelling or group"
+    errors = [f"{key}: renamed {RENAMED_KEYS[key]} (CHANGELOG.md)" if key in RENAMED_KEYS else
+              f"{key}: no such key in the schema (pipeline/config.py); check its spelling or group"
               for key in unknown_keys(OmegaConf.structured(Config), cfg)]
     from pipeline.staleness import POLICIES, resolve_staleness
 

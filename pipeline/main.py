@@ -316,6 +316,18 @@ def main(cfg: DictConfig) -> float:
     return float(last.get("critic/score/mean", 0.0))
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """``python -m pipeline.main`` and ``kernel-rl-train``: a renamed key on the command line is
+    named with its new name before Hydra composes (its own message would not say)."""
+    from pipeline.config import renamed_overrides
+
+    renamed = renamed_overrides(sys.argv[1:])
+    if renamed:
+        print("[pipeline] invalid configuration:\n  " + "\n  ".join(renamed), file=sys.stderr, flush=True)
+        sys.exit(2)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -219,6 +219,15 @@ def test_dependency_and_schedule_errors_come_in_one_block_before_ray(tmp_path):
         assert "vLLM is not installed" in err
 
 
+def test_a_renamed_key_is_named_with_its_new_name(tmp_path):
+    """An override written for an earlier release (the weight push was ``weight_sync``, the score
+    timeout ``eval_timeout_s``) gets its new name, not Hydra's "not in PipelineConfig"."""
+    err = one_block(cli("pipeline.main", "+experiment=toy", "pipeline.weight_sync=nccl", "rollout.eval_timeout_s=5",
+                        cwd=tmp_path, environ=env(tmp_path)))
+    assert "pipeline.weight_sync: renamed pipeline.weight_push" in err, err
+    assert "rollout.eval_timeout_s: renamed rollout.score_timeout_s" in err, err
+
+
 # ---- 2. an own model on any box ----------------------------------------------------------------
 def test_hub_ids_are_accepted_and_offline_says_so(monkeypatch):
     from pipeline.hub import is_hub_id

@@ -39,7 +39,7 @@ def test_wheel_carries_configs_license_and_scripts(wheel):
     text = zipfile.ZipFile(wheel).read(meta).decode()
     assert "License-Expression: MIT" in text and "Classifier: Programming Language :: Python :: 3" in text
     scripts = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
-    for s in ("kernel-rl-train = pipeline.main:main", "kernel-rl-evaluate = pipeline.evaluate:main"):
+    for s in ("kernel-rl-train = pipeline.main:cli", "kernel-rl-evaluate = pipeline.evaluate:main"):
         assert s in scripts
 
 
