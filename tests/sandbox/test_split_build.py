@@ -1,7 +1,7 @@
 """The split C++ build (sandbox/split_build.py) with real g++ builds: the trusted library and the
-``min`` header's PCHs are built once for the module; then the corpus's C++ answers through the pool
-(compile step and run step), a module's behaviour against torch's, a fallback, and hostile answers
-that define the trusted library's symbols."""
+``min`` header's PCHs are built once for the session (``split_cache``, tests/sandbox/conftest.py);
+then the corpus's C++ answers through the pool (compile step and run step), a module's behaviour
+against torch's, a fallback, and hostile answers that define the trusted library's symbols."""
 import asyncio
 import dataclasses
 import inspect
@@ -15,23 +15,16 @@ from bench.build_speed import templates
 from sandbox import build, split_build
 from sandbox.pool import SandboxPool
 
-FLAGS = ["-O3", "-fopenmp"]
-# the module's first test waits for the trusted builds: ~420 s at load ~30 on the 2-core box
+FLAGS = ["-O3", "-fopenmp"]  # one of the corpus's flag sets: split_cache has its trusted parts
+# the session's first test to ask for split_cache waits for the trusted builds (~420 s at load ~30
+# on the 2-core box)
 pytestmark = pytest.mark.timeout(2400)
-
-
-@pytest.fixture(scope="module")
-def split_cache(tmp_path_factory):
-    """A pool cache whose split dir holds the trusted parts for every flag set the corpus uses."""
-    cache = tmp_path_factory.mktemp("split_cache")
-    for flags in {tuple(c) for *_, c in templates()} | {tuple(FLAGS)}:
-        split_build.build_trusted(cache / "split", list(flags))
-    return cache
 
 
 @pytest.fixture
 def hooked(monkeypatch, tmp_path, split_cache):
     """``load_inline`` as a compile step wraps it, with the split build on (restored afterwards)."""
+    assert split_build.ready(split_cache / "split", FLAGS)  # else every build here would fall back
     monkeypatch.setattr(cpp_extension, "load_inline", inspect.unwrap(cpp_extension.load_inline))
     monkeypatch.setattr(cpp_extension, "load", inspect.unwrap(cpp_extension.load))
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
