@@ -19,6 +19,7 @@ from typing import Iterable
 
 LANES = ("sampler", "reward", "trainer", "push")
 COLORS = {"gen": "#4C72B0", "reward": "#DD8452", "train": "#55A868", "push": "#C44E52"}
+_OLD_NAMES = {"sync": "push"}
 
 
 @dataclass
@@ -85,7 +86,9 @@ class Timeline:
         tl = cls()
         for line in Path(path).read_text().splitlines():
             d = json.loads(line)
-            tl.add(d["lane"], d["kind"], d["step"], d["start"], d["end"])
+            # run dirs written before the weight push had one name call its lane and spans "sync"
+            lane, kind = (_OLD_NAMES.get(d["lane"], d["lane"]), _OLD_NAMES.get(d["kind"], d["kind"]))
+            tl.add(lane, kind, d["step"], d["start"], d["end"])
         return tl
 
     def draw(self, path: str | Path, title: str = "", last_steps: int | None = None) -> Path:

@@ -37,6 +37,15 @@ def test_overlap_and_image(tmp_path):
     assert tl.busy("push", 15.0, 15.0) == 0.0
 
 
+def test_an_older_runs_sync_lane_loads_as_push(tmp_path):
+    """Run dirs written before the weight push had one name call its lane and spans "sync"."""
+    (tmp_path / "t.jsonl").write_text('{"lane": "trainer", "kind": "train", "step": 0, "start": 0.0, "end": 2.0}\n'
+                                      '{"lane": "sync", "kind": "sync", "step": 0, "start": 2.0, "end": 2.5}\n')
+    tl = Timeline.from_jsonl(tmp_path / "t.jsonl")
+    assert [(s.lane, s.kind) for s in tl.spans] == [("trainer", "train"), ("push", "push")]
+    assert tl.busy("push", 2.0, 3.0) == pytest.approx(0.5)
+
+
 def test_merge_intervals():
     assert merge_intervals([(3, 4), (1, 2), (1.5, 2.5)]) == [(1, 2.5), (3, 4)]
 
