@@ -97,7 +97,7 @@ class RemoteBuilds:
         self._idle.put_nowait(actor)
         verdict = got["verdict"]
         if got.get("tar") is not None:
-            problem = await asyncio.to_thread(unpack_build, got["tar"], self.cache, bkey, cfg)
+            problem = await asyncio.to_thread(unpack_build, got["tar"], self.cache, bkey, cfg, got.get("mtimes", {}))
             if problem:  # the answer's build holds what no build dir may (a link out of it, too much)
                 verdict.update(compiled=False, error_kind="compile_error", error=problem)
         verdict["build_node"] = got["node"]
@@ -215,7 +215,8 @@ def _kill(actor: Any) -> None:
         pass
 
 
-def unpack_build(tar_bytes: bytes, cache: Path, bkey: str, cfg: SandboxConfig) -> str | None:
+def unpack_build(tar_bytes: bytes, cache: Path, bkey: str, cfg: SandboxConfig,
+                 mtimes: dict[str, int]) -> str | None:
     """Put a build made on another node at ``<cache>/builds/<bkey>`` (beside it first, then one
     rename, so a run step never sees half of it); the answer's problem, or None."""
     builds = cache / "builds"
@@ -231,6 +232,10 @@ def unpack_build(tar_bytes: bytes, cache: Path, bkey: str, cfg: SandboxConfig) -
     except tarfile.FilterError as exc:
         shutil.rmtree(incoming, ignore_errors=True)
         return f"the build dir holds what no build may leave: {exc}"
+    for rel, ns in mtimes.items():  # exact, as ninja recorded them (the tar's floats are not)
+        path = incoming / rel
+        if path.resolve().is_relative_to(incoming.resolve()) and os.path.lexists(path):
+            os.utime(path, ns=(ns, ns), follow_symlinks=False)
     final = builds / bkey
     if final.exists():  # what a lost local attempt or the step's own mkdir left: never a finished build
         old = builds / f".{bkey}.old-{uuid.uuid4().hex[:8]}"
@@ -280,14 +285,27 @@ async def _build_here(job: dict[str, Any], tar_path: str) -> dict[str, Any]:
         verdict, _wanted = await compile_step(launcher, cache, bkey, job["cand_src"], job["backend"], job["arch"],
                                               cfg, eval_dir)
         packed = verdict.get("error_kind") is None
+        mtimes: dict[str, int] = {}
         if packed:
             with tarfile.open(tar_path, "w") as tar:
                 tar.add(cache / "builds" / bkey, arcname=".")
-        return {"verdict": verdict, "packed": packed}
+            mtimes = _mtimes(cache / "builds" / bkey)
+        return {"verdict": verdict, "packed": packed, "mtimes": mtimes}
     finally:
         launcher.zygotes.close()
         shutil.rmtree(eval_dir, ignore_errors=True)
         os.close(lock)
+
+
+def _mtimes(root: Path) -> dict[str, int]:
+    """Each file's mtime in ns: a tar keeps them as floats, and ninja reads a deps record as stale
+    when its output's mtime comes back a fraction of a microsecond later than it recorded."""
+    out = {}
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            out[os.path.relpath(path, root)] = os.lstat(path).st_mtime_ns
+    return out
 
 
 def main() -> int:

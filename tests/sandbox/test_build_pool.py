@@ -49,13 +49,13 @@ def cluster():
         else:
             os.environ["CXX"] = before
     ray.init(address=c.address, log_to_driver=False)
-    yield ray, good.node_id, odd.node_id
+    yield ray, good.node_id, odd.node_id, c
     ray.shutdown()
     c.shutdown()
 
 
 def test_builds_run_on_another_node_come_back_and_score(cluster, sandbox_cfg, tmp_path, caplog):
-    ray, good, odd = cluster
+    ray, good, odd, _ = cluster
     driver_node = ray.get_runtime_context().get_node_id()
     cfg = dataclasses.replace(sandbox_cfg, build_pool="ray", ray_build_workers=2, ray_build_cpus=1.0,
                               ray_build_node_dir=str(tmp_path / "node-{node}"), max_concurrent=3)
@@ -100,3 +100,24 @@ def test_builds_run_on_another_node_come_back_and_score(cluster, sandbox_cfg, tm
         dry = subprocess.run(["ninja", "-n", "-C", str(name)], capture_output=True, text=True,
                              env={**os.environ, "PATH": step_path()})
         assert "no work to do" in dry.stdout, dry.stdout + dry.stderr
+
+
+def test_a_lost_node_is_never_the_answers_fault_its_build_is_made_here(cluster, sandbox_cfg, tmp_path):
+    ray, *_, c = cluster
+    doomed = c.add_node(num_cpus=1, resources={"doomed_builder": 1})
+    cfg = dataclasses.replace(sandbox_cfg, build_pool="ray", ray_build_workers=1, ray_build_resource="doomed_builder",
+                              ray_build_node_dir=str(tmp_path / "node-{node}"))
+    first, second = (CAPI.replace("fixture_add_capi", f"fixture_ray_lost_{i}") for i in range(2))
+
+    async def go():
+        async with SandboxPool(cfg) as pool:
+            a = await pool.evaluate(ADD, first, "cpu")
+            c.remove_node(doomed)   # its raylet and the build actor on it are gone
+            b = await pool.evaluate(ADD, second, "cpu")
+            return a, b, pool.stats()
+
+    a, b, stats = asyncio.run(go())
+    assert a.correct and b.correct, (a, b)
+    assert stats.get(f"built_on/{doomed.node_id}") == 1, stats
+    assert stats["remote_builds_lost"] == 1 and stats["remote_builds_made_here"] == 1, stats
+    assert stats["compiles"] == 2, stats
