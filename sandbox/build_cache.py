@@ -43,7 +43,10 @@ class BuildCache:
             self.remote = RemoteBuilds(cfg, cache, stats)
 
     async def headers_ready(self) -> None:
-        """Wait for the precompiled headers being built (benchmarks: measure the steady state)."""
+        """Wait for the precompiled headers being built, and with a Ray build pool for its actors to
+        start (benchmarks: measure the steady state)."""
+        if self.remote is not None:
+            await self.remote.ready()
         await asyncio.gather(*self.pch_building.values(), return_exceptions=True)
 
     async def aclose(self) -> None:

@@ -73,10 +73,14 @@ class RemoteBuilds:
         self._actors: list[Any] = []
         self._started: asyncio.Task | None = None
 
-    async def build(self, bkey: str, cand_src: str, backend: str, arch: str, cfg: SandboxConfig) -> dict | None:
+    async def ready(self) -> None:
+        """The build actors started, probed, and those whose key differs refused (once)."""
         if self._started is None:
             self._started = asyncio.ensure_future(self._start())
         await asyncio.shield(self._started)
+
+    async def build(self, bkey: str, cand_src: str, backend: str, arch: str, cfg: SandboxConfig) -> dict | None:
+        await self.ready()
         if not self._actors:
             return None
         actor = await self._idle.get()
@@ -112,10 +116,18 @@ class RemoteBuilds:
         self._actors.clear()
 
     async def _start(self) -> None:
+        try:
+            await self._start_actors()
+        except Exception as exc:  # builds still run (here): an evaluation never fails for the pool's sake
+            log.error("sandbox: sandbox.build_pool=ray could not start its build actors (%s); every build runs here",
+                      exc)
+            self.refusals.append(f"no build actors: {exc}")
+
+    async def _start_actors(self) -> None:
         import ray
 
         if not ray.is_initialized():
-            raise RuntimeError("sandbox.build_pool=ray needs Ray started in this process (ray.init) first")
+            raise RuntimeError("Ray is not started in this process (ray.init first)")
         cfg = self.cfg
         opts: dict[str, Any] = dict(num_cpus=cfg.ray_build_cpus, scheduling_strategy="SPREAD", max_restarts=0)
         if cfg.ray_build_resource:
