@@ -101,7 +101,14 @@ class RemoteBuilds:
         self._idle.put_nowait(actor)
         verdict = got["verdict"]
         if got.get("tar") is not None:
-            problem = await asyncio.to_thread(unpack_build, got["tar"], self.cache, bkey, cfg, got.get("mtimes", {}))
+            try:
+                problem = await asyncio.to_thread(unpack_build, got["tar"], self.cache, bkey, cfg,
+                                                  got.get("mtimes", {}))
+            except (OSError, tarfile.TarError) as exc:  # this host's disk, a torn pack: built here instead
+                log.warning("sandbox: the build of %s from node %s could not be put in place (%s); it is built here",
+                            bkey[:10], got["node"], exc)
+                self.stats["remote_builds_lost"] += 1
+                return None
             if problem:  # the answer's build holds what no build dir may (a link out of it, too much)
                 verdict.update(compiled=False, error_kind="compile_error", error=problem)
         verdict["build_node"] = got["node"]

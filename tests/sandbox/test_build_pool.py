@@ -121,3 +121,36 @@ def test_a_lost_node_is_never_the_answers_fault_its_build_is_made_here(cluster, 
     assert stats.get(f"built_on/{doomed.node_id}") == 1, stats
     assert stats["remote_builds_lost"] == 1 and stats["remote_builds_made_here"] == 1, stats
     assert stats["compiles"] == 2, stats
+
+
+def _tar(build: Path) -> bytes:
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(build, arcname=".")
+    return buf.getvalue()
+
+
+def test_a_build_coming_back_lands_whole_with_exact_mtimes_or_is_the_answers_error(sandbox_cfg, tmp_path):
+    from sandbox.build_pool import _mtimes, unpack_build
+
+    cache, made = tmp_path / "cache", tmp_path / "made"
+    (cache / "builds" / "k1").mkdir(parents=True)   # what a step's mkdir leaves: replaced, never merged
+    (cache / "builds" / "k1" / "stale.o").write_text("old")
+    (made / "ext").mkdir(parents=True)
+    (made / "ext" / "main.o").write_bytes(b"\0" * 100)
+    os.utime(made / "ext" / "main.o", ns=(1796610649240467909, 1796610649240467909))
+    assert unpack_build(_tar(made), cache, "k1", sandbox_cfg, _mtimes(made)) is None
+    assert sorted(p.name for p in (cache / "builds" / "k1").rglob("*")) == ["ext", "main.o"]
+    assert (cache / "builds" / "k1" / "ext" / "main.o").stat().st_mtime_ns == 1796610649240467909
+    assert not [p for p in (cache / "builds").iterdir() if p.name.startswith(".")]  # nothing left beside it
+
+    (made / "ext" / "leak").symlink_to("/etc/passwd")   # a link out of the build dir
+    problem = unpack_build(_tar(made), cache, "k2", sandbox_cfg, {})
+    assert problem and "no build may leave" in problem and not (cache / "builds" / "k2").exists()
+    (made / "ext" / "leak").unlink()
+    small = dataclasses.replace(sandbox_cfg, max_build_dir_bytes=50)
+    problem = unpack_build(_tar(made), cache, "k3", small, {})
+    assert problem and "over the quota" in problem and not (cache / "builds" / "k3").exists()
