@@ -10,7 +10,8 @@ The ``local`` row is the same pool with ``build_pool=local`` and ``compile_worke
 row (remote builds run without them).
 
 Each row's time runs from the first evaluation to the last verdict (the build actors' start, a
-one-off of a few seconds, is measured before it and reported apart): builds plus the run steps on
+one-off of a few seconds, is measured before it and reported apart; the box's load average after
+each row says how much else ran beside it): builds plus the run steps on
 the driver (a few seconds each, overlapping later builds). On one box the nodes share its cores,
 so the figure shows the hand-over's cost and that builds spread over the nodes, not the speedup of
 real machines: past the box's core count more nodes cannot build faster.
@@ -58,7 +59,7 @@ async def evaluate_all(cfg: Any, srcs: list[str]) -> dict[str, Any]:
     return {"answers": len(srcs), "correct": sum(r.correct for r in results), "seconds": round(seconds, 1),
             "builds_per_min": round(len(srcs) / seconds * 60, 2), "compile_s_max": max(compile_s),
             "build_nodes_used": len(nodes), "built_here": int(stats.get("remote_builds_made_here", 0)),
-            "actors_start_s": round(start_s, 1)}
+            "actors_start_s": round(start_s, 1), "load_1m_after": round(os.getloadavg()[0], 1)}
 
 
 def row(n_nodes: int, args: Any, base: Any) -> dict[str, Any]:
