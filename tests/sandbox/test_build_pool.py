@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,18 @@ def test_a_build_coming_back_lands_whole_with_exact_mtimes_or_is_the_answers_err
     small = dataclasses.replace(sandbox_cfg, max_build_dir_bytes=50)
     problem = unpack_build(_tar(made), cache, "k3", small, {})
     assert problem and "over the quota" in problem and not (cache / "builds" / "k3").exists()
+
+
+def test_the_build_pool_keys_are_checked_by_name(tmp_path):
+    from sandbox.config import load_default_config
+
+    assert load_default_config().build_pool == "local"   # Ray only when asked for
+    with pytest.raises(ValueError, match="sandbox.build_pool='remote'"):
+        load_default_config(build_pool="remote")
+    with pytest.raises(ValueError, match="sandbox.ray_build_workers=0"):
+        load_default_config(build_pool="ray", ray_build_workers=0)
+    # a local pool never imports Ray (a fresh interpreter: this one may have it already)
+    probe = ("import sys; from sandbox.config import load_default_config; from sandbox.pool import SandboxPool; "
+             f"SandboxPool(load_default_config(cache_dir={str(tmp_path)!r})); print('ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
