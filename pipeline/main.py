@@ -95,7 +95,7 @@ class Session:
         from pipeline.metrics import MetricsLogger
         from pipeline.models.load import load_tokenizer
         from pipeline.parts import LoopParts
-        from pipeline.resources import create_resource_pools, init_ray, leave_room_for_pools
+        from pipeline.resources import create_resource_pools, init_ray, leave_room_for_pools, route_builds
         from pipeline.rollout_config import max_response_length, response_length_at
         from pipeline.sampler import SamplerGroup
         from pipeline.trainer import TrainerGroup
@@ -123,6 +123,7 @@ class Session:
         self.start_step = state.get("step", -1) + 1
 
         leave_room_for_pools(cfg, shared)
+        route_builds(cfg, pools.plan.n_samplers)
         samplers = SamplerGroup(cfg.model, cfg.rollout, self.env_factory(cfg, evaluator_gpus(pools)),
                                 resource_pool=pools.sampler,
                                 gpu_memory_fraction=cfg.resources.sampler.gpu_memory_fraction

@@ -343,6 +343,29 @@ def leave_room_for_pools(cfg: Config, colocated: bool) -> None:
     cfg.sandbox.gpu_memory_share = share
 
 
+def route_builds(cfg: Config, n_samplers: int) -> None:
+    """``resources.builds.workers`` > 0: every sampler worker's kernel evaluator sends its compile
+    steps to Ray build actors (``sandbox.build_pool=ray``), its share of them each (rounded up),
+    ``cpus_per_build`` Ray CPUs and ``node_resource`` each; said so. The actors take CPUs no
+    placement group holds; ones Ray cannot place are dropped after two minutes and their builds
+    run on the sampler's host (sandbox/build_pool.py)."""
+    b = cfg.resources.builds
+    if b.workers < 0 or b.cpus_per_build < 0:
+        from pipeline.config import ConfigError
+
+        raise ConfigError(f"resources.builds.workers={b.workers}, resources.builds.cpus_per_build="
+                          f"{b.cpus_per_build}: expected counts >= 0")
+    if b.workers == 0 or cfg.env != "kernel":
+        return
+    each = max(1, math.ceil(b.workers / max(1, n_samplers)))
+    s = cfg.sandbox
+    s.build_pool, s.ray_build_workers, s.ray_build_cpus, s.ray_build_resource = "ray", each, b.cpus_per_build, \
+        b.node_resource
+    print(f"[pipeline] kernel builds run on Ray build actors: {each} for each of the {n_samplers} sampler "
+          f"worker(s), {b.cpus_per_build:g} CPU each"
+          + (f", on nodes offering {b.node_resource!r}" if b.node_resource else ""), file=sys.stderr, flush=True)
+
+
 def init_ray(cfg: ResourcesConfig, runtime_env: dict[str, Any] | None = None) -> bool:
     """Start (or join) Ray as the config says; a local cluster may oversubscribe CPUs.
     Returns False when Ray was already initialised in this process (the caller then leaves it

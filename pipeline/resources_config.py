@@ -31,6 +31,13 @@ class EvaluatorResources:
 
 
 @dataclass
+class BuildResources:
+    workers: int = MISSING           # kernel builds on Ray build actors in total (0: on each sampler worker's host)
+    cpus_per_build: float = MISSING  # Ray CPUs each build actor reserves
+    node_resource: str | None = MISSING  # a custom resource the build nodes offer (null: any node with free CPUs)
+
+
+@dataclass
 class RayInit:
     address: str | None = MISSING    # null: start a local cluster; "auto" or host:port: join one
     num_cpus: int | None = MISSING   # local cluster only; null: what the machine has
@@ -44,6 +51,7 @@ class ResourcesConfig:
     sampler: SamplerResources = field(default_factory=SamplerResources)
     trainer: TrainerResources = field(default_factory=TrainerResources)
     evaluator: EvaluatorResources = field(default_factory=EvaluatorResources)
+    builds: BuildResources = field(default_factory=BuildResources)
     ray: RayInit = field(default_factory=RayInit)
     strategy: str = MISSING          # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD (Ray placement)
     colocate: str = MISSING          # auto | always | never: share GPUs between the pools

@@ -36,13 +36,23 @@ class BuildCache:
         self._split_requests: Counter[str] = Counter()
         self.compile_times: list[float] = []
         self.closed = False
+        self.remote = None  # sandbox/build_pool.py: compile steps on the Ray cluster's nodes
+        if cfg.build_pool == "ray":
+            from sandbox.build_pool import RemoteBuilds  # Ray is imported only for this pool
+
+            self.remote = RemoteBuilds(cfg, cache, stats)
 
     async def headers_ready(self) -> None:
-        """Wait for the precompiled headers being built (benchmarks: measure the steady state)."""
+        """Wait for the precompiled headers being built, and with a Ray build pool for its actors to
+        start (benchmarks: measure the steady state)."""
+        if self.remote is not None:
+            await self.remote.ready()
         await asyncio.gather(*self.pch_building.values(), return_exceptions=True)
 
     async def aclose(self) -> None:
         self.closed = True
+        if self.remote is not None:
+            self.remote.close()
         for task in list(self.building.values()) + list(self.pch_building.values()):
             task.cancel()
 
@@ -70,43 +80,37 @@ class BuildCache:
 
     async def _build(self, bkey: str, cand_src: str, backend: str, arch: str, cfg: SandboxConfig,
                      eval_dir: Path, marker: Path) -> dict[str, Any]:
-        async with self.compile_slots:
+        # with a Ray build pool the compile step runs on a node of the cluster (its slots, not this
+        # host's); a build no node could make (lost, refused) is made here, in this host's slots
+        slots = self.remote.slots if self.remote is not None else self.compile_slots
+        async with slots:
             lock_fd = await self._lock(self.cache / "builds" / f"{bkey}.lock")
             try:
                 if marker.exists():  # another pool built it while we waited
                     self.stats["cache_hits"] += 1
                     return {**json.loads(marker.read_text()), "cache_hit": True}
                 remove_stale_batons(self.cache / "builds" / bkey, older_than_s=0.0)
-                req = dict(mode="compile", candidate_src=cand_src, backend=backend, device="cpu",
-                           correctness_trials=cfg.correctness_trials, cpu_threads=cfg.cpu_threads)
-                t = time.monotonic()
-                out = await self.launcher.step(req, "compile", bkey, eval_dir / "compile", bkey[:10], cfg, backend,
-                                       None, arch, cfg.compile_timeout_s)
-                res = step_result(out, "compile", cfg)
-                seconds = round(time.monotonic() - t, 3)
-                verdict = {k: v for k, v in res.to_dict().items()
-                           if k in ("stage", "compiled", "error_kind", "error", "log_tail")}
-                verdict["wall_s"] = {"compile": seconds}
-                if res.error_kind is None:
-                    over = await asyncio.to_thread(over_quota, self.cache / "builds" / bkey, cfg)
-                    if over:  # files the answer's build left behind beyond what any build needs
-                        await asyncio.to_thread(shutil.rmtree, self.cache / "builds" / bkey, True)
-                        verdict.update(compiled=False, error_kind="compile_error", error=over)
-                        res.error_kind = "compile_error"
-                if res.error_kind is None:
-                    self.compile_times.append(seconds)
+                verdict, wanted = None, {}
+                if self.remote is not None:
+                    verdict = await self.remote.build(bkey, cand_src, backend, arch, cfg)
+                    if verdict is None:
+                        self.stats["remote_builds_made_here"] += 1
+                        async with self.compile_slots:
+                            verdict, wanted = await compile_step(self.launcher, self.cache, bkey, cand_src,
+                                                                 backend, arch, cfg, eval_dir)
+                else:
+                    verdict, wanted = await compile_step(self.launcher, self.cache, bkey, cand_src, backend, arch,
+                                                         cfg, eval_dir)
+                kind = verdict.get("error_kind")
+                if kind is None:
+                    self.compile_times.append(verdict["wall_s"]["compile"])
                     self.stats["compiles"] += 1
-                if res.error_kind is None or res.error_kind in CACHEABLE_FAILURES:
+                if kind is None or kind in CACHEABLE_FAILURES:
                     marker.write_text(json.dumps(verdict))
-                wanted = (out.data or {}).get("pch_wanted", [])
-                for flags in wanted if isinstance(wanted, list) else []:
-                    # a compile step ran the answer in its own process: its report is re-checked here
-                    if isinstance(flags, list) and all(isinstance(f, str) for f in flags) and pch_allowed(flags):
-                        self.schedule_pch(flags)
-                wanted = (out.data or {}).get("split_wanted", [])
-                for flags in wanted if isinstance(wanted, list) else []:  # re-checked as the PCH's
-                    if isinstance(flags, list) and all(isinstance(f, str) for f in flags) and pch_allowed(flags):
-                        self.schedule_split(flags)
+                for flags in wanted.get("pch_wanted", []):
+                    self.schedule_pch(flags)
+                for flags in wanted.get("split_wanted", []):
+                    self.schedule_split(flags)
                 return verdict
             finally:
                 fcntl.flock(lock_fd, fcntl.LOCK_UN)
@@ -162,6 +166,32 @@ class BuildCache:
             finally:
                 self.launcher.live.discard(proc)
                 release_transport(proc)
+
+
+async def compile_step(launcher: Launcher, cache: Path, bkey: str, cand_src: str, backend: str, arch: str,
+                       cfg: SandboxConfig, eval_dir: Path) -> tuple[dict[str, Any], dict[str, list[list[str]]]]:
+    """One compile step into ``<cache>/builds/<bkey>``: its verdict (a build over the quota is
+    removed and is the answer's compile_error) and the flag sets it asked PCHs and split builds for
+    (already re-checked: the answer ran in that process and could forge the report)."""
+    req = dict(mode="compile", candidate_src=cand_src, backend=backend, device="cpu",
+               correctness_trials=cfg.correctness_trials, cpu_threads=cfg.cpu_threads)
+    t = time.monotonic()
+    out = await launcher.step(req, "compile", bkey, eval_dir / "compile", bkey[:10], cfg, backend, None, arch,
+                              cfg.compile_timeout_s)
+    res = step_result(out, "compile", cfg)
+    verdict = {k: v for k, v in res.to_dict().items() if k in ("stage", "compiled", "error_kind", "error", "log_tail")}
+    verdict["wall_s"] = {"compile": round(time.monotonic() - t, 3)}
+    if res.error_kind is None:
+        over = await asyncio.to_thread(over_quota, cache / "builds" / bkey, cfg)
+        if over:  # files the answer's build left behind beyond what any build needs
+            await asyncio.to_thread(shutil.rmtree, cache / "builds" / bkey, True)
+            verdict.update(compiled=False, error_kind="compile_error", error=over)
+    wanted: dict[str, list[list[str]]] = {}
+    for name in ("pch_wanted", "split_wanted"):
+        got = (out.data or {}).get(name, [])
+        wanted[name] = [flags for flags in (got if isinstance(got, list) else [])
+                        if isinstance(flags, list) and all(isinstance(f, str) for f in flags) and pch_allowed(flags)]
+    return verdict, wanted
 
 
 def needs_compile_step(src: str) -> bool:

@@ -8,6 +8,7 @@ from typing import Any
 from omegaconf import MISSING, OmegaConf
 
 BACKENDS = ("cpu", "triton", "cuda")
+BUILD_POOLS = ("local", "ray")
 from pipeline.conf_files import CONF_DIR as _CONF  # noqa: E402  (conf/ in a checkout, pipeline/conf installed)
 
 DEFAULT_YAML = _CONF / "sandbox" / "default.yaml"
@@ -44,6 +45,11 @@ class SandboxConfig:
     shm_bytes: int = MISSING               # size of each step's private /dev/shm (a tmpfs in its mount namespace)
     max_concurrent: int = MISSING          # evaluations in flight in one pool
     compile_workers: int = MISSING         # compile steps in flight in one pool
+    build_pool: str = MISSING              # local | ray: where compile steps run (sandbox/build_pool.py)
+    ray_build_workers: int = MISSING       # ray: build actors (one compile step each at a time) over the cluster's nodes
+    ray_build_cpus: float = MISSING        # ray: Ray CPUs each build actor reserves
+    ray_build_resource: str | None = MISSING  # ray: a custom resource a node must offer to take builds (null: any node)
+    ray_build_node_dir: str | None = MISSING  # ray: a node's own build files ("{node}": its id), bound at cache_dir
     cache_dir: str | None = MISSING        # null: a directory under the system temp dir
     excessive_speedup_threshold: float = MISSING  # speedups above this get the flag excessive_speedup
     reference_per_step: bool = MISSING     # time the reference in every timed step, not once per task (a GPU shared with other work)
@@ -92,6 +98,11 @@ def validate(cfg: SandboxConfig) -> None:
                  "reference_samples"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"sandbox.{name}={getattr(cfg, name)}: expected an integer >= 1")
+    if cfg.build_pool not in BUILD_POOLS:
+        raise ValueError(f"sandbox.build_pool={cfg.build_pool!r}: expected one of {BUILD_POOLS}")
+    if cfg.ray_build_workers < 1 or cfg.ray_build_cpus < 0:
+        raise ValueError(f"sandbox.ray_build_workers={cfg.ray_build_workers}, sandbox.ray_build_cpus="
+                         f"{cfg.ray_build_cpus}: expected an integer >= 1 and CPUs >= 0")
     if cfg.cpu_run_slots is not None and cfg.cpu_run_slots < 1:
         raise ValueError(f"sandbox.cpu_run_slots={cfg.cpu_run_slots}: expected null or an integer >= 1")
     if cfg.gpu_warm_steps < 0:

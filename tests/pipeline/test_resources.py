@@ -125,3 +125,30 @@ def test_the_job_lowers_the_sandbox_share_or_stops_naming_the_fractions():
     assert not own.sandbox.reference_per_step
     with pytest.raises(ConfigError, match="trainer.gpu_memory_fraction=0.5"):
         leave_room_for_pools(job(0.5, 0.5), colocated=True)
+
+
+def test_build_workers_route_each_sampler_workers_builds_to_ray_actors():
+    from pipeline.config import ConfigError
+    from pipeline.resources import route_builds
+    from sandbox.config import DEFAULT_YAML, SandboxConfig
+    from sandbox.pool import as_sandbox_config
+
+    def job(env="kernel", **builds):
+        return OmegaConf.create({
+            "env": env,
+            "sandbox": OmegaConf.merge(OmegaConf.structured(SandboxConfig), OmegaConf.load(DEFAULT_YAML)),
+            "resources": OmegaConf.structured(resources(**{f"builds.{k}": v for k, v in builds.items()}))})
+
+    cfg = job(workers=5, cpus_per_build=2, node_resource="sandbox_build")
+    route_builds(cfg, n_samplers=2)
+    sandbox = as_sandbox_config(cfg.sandbox)  # the keys a sampler worker's pool is made from, validated
+    assert sandbox.build_pool == "ray" and sandbox.ray_build_workers == 3   # 5 over 2 workers, rounded up
+    assert sandbox.ray_build_cpus == 2 and sandbox.ray_build_resource == "sandbox_build"
+    default = job()
+    route_builds(default, n_samplers=2)
+    assert default.sandbox.build_pool == "local"   # workers: 0 leaves the sandbox's own keys alone
+    toy = job(env="toy", workers=4)
+    route_builds(toy, n_samplers=1)
+    assert toy.sandbox.build_pool == "local"
+    with pytest.raises(ConfigError, match="resources.builds.workers=-1"):
+        route_builds(job(workers=-1), n_samplers=1)
