@@ -67,7 +67,7 @@ class StepRequest:
     flush_bytes: int = 0
     poison_bytes: int = 0
     excessive_speedup_threshold: float = 10.0
-    ref_runtime_ms: float | None = None   # cached reference time (None: the judge times it)
+    ref_runtime_ms: float | None = None   # the pool's known reference time (None: the judge times it)
     call_limit_s: float | None = None     # one call of the candidate, at most (None: the step's limit only)
     timeout_s: float = 0.0
     timed: bool = False
