@@ -151,14 +151,14 @@ RENAMED_KEYS = {"pipeline.weight_sync": "pipeline.weight_push",
                 "rollout.eval_timeout_s": "rollout.score_timeout_s"}
 
 
+def _renamed(key: str) -> str:
+    return f"{key}: renamed {RENAMED_KEYS[key]} (CHANGELOG.md)"
+
+
 def renamed_overrides(argv: list[str]) -> list[str]:
     """One message per command-line override that names a renamed key."""
-    found = []
-    for arg in argv:
-        key = arg.lstrip("+~").split("=", 1)[0]
-        if key in RENAMED_KEYS:
-            found.append(f"{key}: renamed {RENAMED_KEYS[key]} (CHANGELOG.md)")
-    return found
+    keys = (arg.lstrip("+~").split("=", 1)[0] for arg in argv)
+    return [_renamed(key) for key in keys if key in RENAMED_KEYS]
 
 
 def unknown_keys(schema: DictConfig, cfg: DictConfig, prefix: str = "") -> list[str]:
@@ -179,7 +179,7 @@ def unknown_keys(schema: DictConfig, cfg: DictConfig, prefix: str = "") -> list[
 
 def check(cfg: Config) -> None:
     """Semantic checks across groups; each message names the keys."""
-    errors = [f"{key}: renamed {RENAMED_KEYS[key]} (CHANGELOG.md)" if key in RENAMED_KEYS else
+    errors = [_renamed(key) if key in RENAMED_KEYS else
               f"{key}: no such key in the schema (pipeline/config.py); check its spelling or group"
               for key in unknown_keys(OmegaConf.structured(Config), cfg)]
     from pipeline.staleness import POLICIES, resolve_staleness
@@ -230,8 +230,10 @@ def check(cfg: Config) -> None:
     # each group's own checks, gathered so one start reports every bad key at once
     from pipeline.algorithms.config import check_algorithm_config
 
+    from pipeline.resources import check_builds
+
     group_checks: list[tuple[Callable[[Any], None], Any]] = [(check_algorithm_config, a), (_check_model_path, cfg.model),
-                                           (_check_local_gpus, cfg.resources)]
+                                           (_check_local_gpus, cfg.resources), (check_builds, cfg.resources)]
     if cfg.env in ENVS:
         group_checks.append((functools.partial(check_env_config, cfg.env), cfg.reward))
     for fn, node in group_checks:

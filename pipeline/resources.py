@@ -343,18 +343,22 @@ def leave_room_for_pools(cfg: Config, colocated: bool) -> None:
     cfg.sandbox.gpu_memory_share = share
 
 
+def check_builds(resources: ResourcesConfig) -> None:
+    """``resources.builds``' counts (pipeline.config.check runs it before Ray starts)."""
+    b = resources.builds
+    if b.workers < 0 or b.cpus_per_build < 0:
+        raise ValueError(f"resources.builds.workers={b.workers}, resources.builds.cpus_per_build="
+                         f"{b.cpus_per_build}: expected counts >= 0")
+
+
 def route_builds(cfg: Config, n_samplers: int) -> None:
     """``resources.builds.workers`` > 0: every sampler worker's kernel evaluator sends its compile
     steps to Ray build actors (``sandbox.build_pool=ray``), its share of them each (rounded up),
     ``cpus_per_build`` Ray CPUs and ``node_resource`` each; said so. The actors take CPUs no
     placement group holds; ones Ray cannot place are dropped after two minutes and their builds
-    run on the sampler's host (sandbox/build_pool.py)."""
+    run on the sampler's host (sandbox/build_pool.py). The counts were checked before Ray started
+    (:func:`check_builds`)."""
     b = cfg.resources.builds
-    if b.workers < 0 or b.cpus_per_build < 0:
-        from pipeline.config import ConfigError
-
-        raise ConfigError(f"resources.builds.workers={b.workers}, resources.builds.cpus_per_build="
-                          f"{b.cpus_per_build}: expected counts >= 0")
     if b.workers == 0 or cfg.env != "kernel":
         return
     each = max(1, math.ceil(b.workers / max(1, n_samplers)))

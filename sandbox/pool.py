@@ -178,8 +178,8 @@ class SandboxPool:
                 res.cache_hit = bool(compiled.get("cache_hit"))
                 return res
             device_name = f"cuda:{arch}" if on_gpu else "cpu"
-            # "p2": times of the second protocol (the judge's clock around each call), never mixed with
-            # a persistent cache's older ones
+            # "p2": times of the second protocol (the judge's clock around each call); the timed calls
+            # and threads are in the key because an evaluation may override them
             tkey = task_key(ref_src, f"p2:{backend}:{device_name}:{cfg.timing_runs}:{cfg.cpu_threads}")
             ref_ms = self._known_ref(tkey)
             res = await self._run(ref_src, cand_src, backend, bkey, arch, cfg, eval_dir, eval_id, on_gpu, ref_ms,

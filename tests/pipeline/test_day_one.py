@@ -228,6 +228,12 @@ def test_a_renamed_key_is_named_with_its_new_name(tmp_path):
     assert "rollout.eval_timeout_s: renamed rollout.score_timeout_s" in err, err
 
 
+def test_a_negative_build_worker_count_fails_before_ray(tmp_path):
+    err = one_block(cli("pipeline.main", "+experiment=toy", "resources.builds.workers=-1", cwd=tmp_path,
+                        environ=env(tmp_path)))
+    assert "resources.builds.workers=-1" in err, err
+
+
 # ---- 2. an own model on any box ----------------------------------------------------------------
 def test_hub_ids_are_accepted_and_offline_says_so(monkeypatch):
     from pipeline.hub import is_hub_id

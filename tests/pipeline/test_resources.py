@@ -128,8 +128,7 @@ def test_the_job_lowers_the_sandbox_share_or_stops_naming_the_fractions():
 
 
 def test_build_workers_route_each_sampler_workers_builds_to_ray_actors():
-    from pipeline.config import ConfigError
-    from pipeline.resources import route_builds
+    from pipeline.resources import check_builds, route_builds
     from sandbox.config import DEFAULT_YAML, SandboxConfig
     from sandbox.pool import as_sandbox_config
 
@@ -150,5 +149,5 @@ def test_build_workers_route_each_sampler_workers_builds_to_ray_actors():
     toy = job(env="toy", workers=4)
     route_builds(toy, n_samplers=1)
     assert toy.sandbox.build_pool == "local"
-    with pytest.raises(ConfigError, match="resources.builds.workers=-1"):
-        route_builds(job(workers=-1), n_samplers=1)
+    with pytest.raises(ValueError, match="resources.builds.workers=-1"):  # pipeline.config.check, before Ray
+        check_builds(job(workers=-1).resources)
