@@ -239,18 +239,18 @@ def unpack_build(tar_bytes: bytes, cache: Path, bkey: str, cfg: SandboxConfig,
     """Put a build made on another node at ``<cache>/builds/<bkey>`` (beside it first, then one
     rename, so a run step never sees half of it); the answer's problem, or None."""
     builds = cache / "builds"
-    members = tarfile.open(fileobj=io.BytesIO(tar_bytes)).getmembers()
-    size, files = sum(m.size for m in members if m.isfile()), sum(1 for m in members if not m.isdir())
-    if size > cfg.max_build_dir_bytes or files > cfg.max_build_dir_files:
-        return (f"the build left {files} files, {size / 2**20:.0f} MiB in its build dir, over the quota "
-                f"({cfg.max_build_dir_files} files, {cfg.max_build_dir_bytes / 2**20:.0f} MiB)")
     incoming = builds / f".{bkey}.incoming-{uuid.uuid4().hex[:8]}"
-    try:
-        with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
+        members = tar.getmembers()
+        size, files = sum(m.size for m in members if m.isfile()), sum(1 for m in members if not m.isdir())
+        if size > cfg.max_build_dir_bytes or files > cfg.max_build_dir_files:
+            return (f"the build left {files} files, {size / 2**20:.0f} MiB in its build dir, over the quota "
+                    f"({cfg.max_build_dir_files} files, {cfg.max_build_dir_bytes / 2**20:.0f} MiB)")
+        try:
             tar.extractall(incoming, filter="data")  # no absolute paths, no links out, no devices
-    except tarfile.FilterError as exc:
-        shutil.rmtree(incoming, ignore_errors=True)
-        return f"the build dir holds what no build may leave: {exc}"
+        except tarfile.FilterError as exc:
+            shutil.rmtree(incoming, ignore_errors=True)
+            return f"the build dir holds what no build may leave: {exc}"
     for rel, ns in mtimes.items():  # exact, as ninja recorded them (the tar's floats are not)
         path = incoming / rel
         if path.resolve().is_relative_to(incoming.resolve()) and os.path.lexists(path):
