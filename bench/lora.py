@@ -38,7 +38,8 @@ SHAPES = {  # model.tiny keys
 
 def run_row(shape: str, rank: int, steps: int) -> dict:
     from pipeline.algorithms import AlgorithmConfig, build_train_batch
-    from pipeline.models import ModelConfig, load_model_and_tokenizer
+    from pipeline.models import ModelConfig
+    from pipeline.models.load import load_tokenizer
     from pipeline.trainer import TrainerConfig, TrainerWorker
     from pipeline.trainer.worker import free_port
     from tests.pipeline.conftest import group
@@ -52,7 +53,7 @@ def run_row(shape: str, rank: int, steps: int) -> dict:
     if on_gpu:  # each row's own peak (an earlier row's memory is freed below)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    _, tok = load_model_and_tokenizer(model_cfg)
+    tok = load_tokenizer(model_cfg)  # the worker builds the model: once, not here too
     batch = build_train_batch(make_samples(len(tok), n_tasks=4, n_traj=4), algo, MAX_RESPONSE, tok.pad_token_id)
     plan, shard = one_rank_step(batch, algo)
     w = TrainerWorker(0, 1, model_cfg, trainer_cfg, algo, MAX_RESPONSE, temperature=1.0,
