@@ -1,7 +1,7 @@
-"""What a cache-hit evaluation costs outside the answer's own run, on the cpu backend: process
-start, imports, and the pool's whole evaluation, against the time its parts report; a fresh
-worker per step (``python -m sandbox.worker``) against one forked by the pool's zygote
-(``zygote_worker``, sandbox/zygote.py), side by side.
+"""What a cache-hit evaluation costs outside the answer's own run: process start, imports, and the
+pool's whole evaluation, against the time its parts report; a fresh worker per step (``python -m
+sandbox.worker``) against one forked by the pool's zygote (``zygote_worker``; on the cuda backend
+``zygote_gpu_steps``, sandbox/zygote.py), side by side.
 
 The candidate is the task's own reference (``ModelNew = Model``): nothing to build, so every
 evaluation is what a build-cache hit costs, and the answer's own run is the task's reference.
@@ -9,6 +9,9 @@ The two pools run at once and take turns, one evaluation each, so both see the s
 import figures are fresh interpreters, as a fresh worker is.
 
     python -m bench.eval_overhead --evals 8 --out bench/baselines/cpu/eval_overhead_zygote.json
+    python -m bench.eval_overhead --backend cuda --evals 8 --out bench/baselines/h100/eval_overhead_zygote.json
+
+On cuda each evaluation also runs on the GPU (the task at its full size), one at a time.
 """
 from __future__ import annotations
 
@@ -44,23 +47,24 @@ def import_times(repeats: int) -> dict[str, dict[str, float]]:
     return out
 
 
-VARIANTS = {"fresh": False, "zygote": True}   # row prefix -> SandboxConfig.zygote_worker
+VARIANTS = {"fresh": False, "zygote": True}   # row prefix -> SandboxConfig.zygote_worker (and zygote_gpu_steps)
 
 
-async def evaluations(task_id: str, n: int, variants: list[str]) -> dict[str, list[dict[str, Any]]]:
+async def evaluations(task_id: str, n: int, variants: list[str], backend: str = "cpu") -> dict[str, list[dict[str, Any]]]:
     from rewards.tasks.loader import load_builtin
     from sandbox.config import load_default_config
     from sandbox.pool import SandboxPool
 
-    task = {t.id: t for t in load_builtin(profile="cpu")}[task_id]
-    pools = {v: SandboxPool(load_default_config(max_concurrent=1, compile_workers=1, zygote_worker=VARIANTS[v]))
+    task = {t.id: t for t in load_builtin(profile="cpu" if backend == "cpu" else "full")}[task_id]
+    pools = {v: SandboxPool(load_default_config(max_concurrent=1, compile_workers=1, zygote_worker=VARIANTS[v],
+                                                zygote_gpu_steps=VARIANTS[v]))
              for v in variants}
     rows: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     try:
         for k in range(n):
             for v, pool in pools.items():
                 t0 = time.perf_counter()
-                res = await pool.evaluate(task.source, f"{task.source}\n# {k}\nModelNew = Model\n", "cpu")
+                res = await pool.evaluate(task.source, f"{task.source}\n# {k}\nModelNew = Model\n", backend)
                 rows[v].append({"eval": k, "correct": res.correct, "outer_s": time.perf_counter() - t0,
                                 "ref_ms": res.ref_runtime_ms, "new_ms": res.new_runtime_ms, **res.wall_s})
                 progress("eval_overhead", {"variant": v, **rows[v][-1]})
@@ -81,6 +85,7 @@ def summary(prefix: str, evals: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def main() -> None:
     p = parser(__doc__.split("\n\n")[0])
+    p.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--evals", type=int, default=5)
     p.add_argument("--task", default="L1/17_relu")
     p.add_argument("--repeats", type=int, default=3, help="fresh interpreters per import figure")
@@ -91,7 +96,7 @@ def main() -> None:
     if unknown:
         p.error(f"--variants: unknown {unknown}; expected some of {sorted(VARIANTS)}")
     imports = import_times(args.repeats)
-    evals = asyncio.run(evaluations(args.task, args.evals, variants))
+    evals = asyncio.run(evaluations(args.task, args.evals, variants, args.backend))
     rows = [row for v in variants for row in summary(v, evals[v])]
     rows += [{"what": k, "p50 s": v["p50_s"], "min s": v["min_s"], "max s": v["max_s"]} for k, v in imports.items()]
     report("eval_overhead", args, rows, {"load_avg": os.getloadavg(), "evals": evals, "imports": imports})

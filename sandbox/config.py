@@ -80,6 +80,7 @@ class SandboxConfig:
     lost_worker_retries: int = MISSING     # a worker that vanished without a verdict is rerun this often
     keep_workdirs: bool = MISSING          # keep per-evaluation dirs (debugging)
     zygote_worker: bool = MISSING          # host run steps fork from a pre-imported worker (sandbox/zygote.py), not a new python
+    zygote_gpu_steps: bool = MISSING       # GPU run steps fork from it too (each child starts its own CUDA)
 
 
 def load_default_config(path: str | Path | None = None, **overrides: Any) -> SandboxConfig:

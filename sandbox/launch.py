@@ -136,10 +136,13 @@ class Launcher:
                 gate_ours, gate_theirs = socket.socketpair()
                 step.gate_fd = gate_theirs.fileno()
                 passed.append(gate_theirs.fileno())
-            # a host run step forks from a pre-imported zygote (sandbox/zygote.py); a GPU, compile or
-            # probe step, or one the zygote cannot fork, starts a fresh interpreter
-            forkable = cfg.zygote_worker and mode == "run" and gpu is None and visible is None
-            proc = await self.zygotes.fork(scrubbed_env(extra), str(workdir), passed) if forkable else None
+            # a run step forks from a pre-imported zygote (sandbox/zygote.py): a host step always, a GPU
+            # step where zygote_gpu_steps is on; a compile or probe step, or one the zygote cannot
+            # fork, starts a fresh interpreter
+            on_host = gpu is None and visible is None
+            forkable = cfg.zygote_worker and mode == "run" and (on_host or cfg.zygote_gpu_steps)
+            proc = (await self.zygotes.fork(scrubbed_env(extra), str(workdir), passed, gpu=not on_host)
+                    if forkable else None)
             if proc is None:
                 proc = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "sandbox.worker", stdin=asyncio.subprocess.PIPE,

@@ -16,9 +16,10 @@ step's key socket only between receiving it and the fork); a child never returns
 child is forked from the same post-import state, so nothing one step does reaches the next. What the
 zygote's memory holds of earlier steps is their environment (paths, markers), never a secret.
 
-Only host steps use it (cpu, and triton through its interpreter): a GPU step's worker must start
-CUDA in a process that was never forked from one that did, and a GPU run costs seconds of device
-work that the import does not dominate; compile and probe steps keep a fresh worker too.
+Host steps use it (cpu, and triton through its interpreter); GPU run steps too where
+``zygote_gpu_steps`` is on: a GPU step's processes start CUDA themselves, which is sound in a child
+of a process that never loaded the CUDA driver, and the zygote checks exactly that (and that it is
+still one thread) before every fork. Compile and probe steps keep a fresh worker.
 
 Hand-written, not ``multiprocessing``'s forkserver: that one unpickles what its client sends and
 runs a Python target with its own descriptor and resource-tracker conventions, while a child here
@@ -59,7 +60,8 @@ def preload() -> None:
 
 
 def fork_safe() -> str | None:
-    """Why forking this process now would be unsafe, or None."""
+    """Why forking this process now would be unsafe, or None. Checked after the imports and again
+    before every fork (well under a millisecond)."""
     import torch
 
     threads = len(os.listdir("/proc/self/task"))
@@ -70,6 +72,13 @@ def fork_safe() -> str | None:
     return None
 
 
+def driver_loaded() -> bool:
+    """Whether the CUDA driver library is mapped here: a child that starts CUDA must come from a
+    process without it (the pool forks GPU steps only from a zygote that reported False)."""
+    with open("/proc/self/maps") as maps:
+        return any("libcuda.so" in line for line in maps)
+
+
 def serve(ctl: socket.socket) -> int:
     """The zygote's loop: a ``spawn`` message (JSON plus the child's descriptors) forks a child and
     answers its pid and a pidfd of it; each child's exit is reported with its wait status."""
@@ -78,7 +87,7 @@ def serve(ctl: socket.socket) -> int:
     if problem:
         _send(ctl, {"error": f"the zygote cannot fork safely: {problem}"})
         return 1
-    _send(ctl, {"ready": os.getpid()})
+    _send(ctl, {"ready": os.getpid(), "driver": driver_loaded()})
     children: dict[int, int] = {}  # pidfd -> pid
     while True:
         ready, _, _ = select.select([ctl.fileno(), *children], [], [])
@@ -93,6 +102,10 @@ def serve(ctl: socket.socket) -> int:
             if not data:  # the pool is gone: nothing more to serve (children live on in their sessions)
                 return 0
             msg = json.loads(data)
+            problem = fork_safe()
+            if problem:
+                _send(ctl, {"error": f"the zygote cannot fork safely any more: {problem}"})
+                return 1
             sys.stdout.flush()
             sys.stderr.flush()
             pid = os.fork()
@@ -228,6 +241,7 @@ class Zygote:
         self.proc: asyncio.subprocess.Process | None = None
         self.ctl: socket.socket | None = None
         self.alive = False
+        self.driver = True   # whether it has the CUDA driver loaded (its ready message says): no GPU steps then
         self._ready: asyncio.Future | None = None
         self._spawns: dict[int, asyncio.Future] = {}
         self._exits: dict[int, asyncio.Future] = {}
@@ -303,6 +317,7 @@ class Zygote:
             return
         msg = json.loads(data)
         if "ready" in msg and self._ready is not None and not self._ready.done():
+            self.driver = bool(msg.get("driver", True))
             self._ready.set_result(msg["ready"])
         elif "error" in msg:
             self._lost(str(msg["error"]), final=True)
@@ -358,9 +373,13 @@ class Zygotes:
         self.by_env: dict[tuple[tuple[str, str], ...], Zygote] = {}
         self.failed_starts: dict[tuple[tuple[str, str], ...], int] = {}
         self.starts = 0
+        self.warned_driver: set[tuple[tuple[str, str], ...]] = set()
         self._lock = asyncio.Lock()
 
-    async def fork(self, env: dict[str, str], cwd: str, passed: list[int]) -> ForkedWorker | None:
+    async def fork(self, env: dict[str, str], cwd: str, passed: list[int], gpu: bool = False) -> ForkedWorker | None:
+        """A child of the zygote of ``env``'s start environment (started on first use), or None: the
+        step then starts a fresh worker. ``gpu``: the step starts CUDA, which needs a zygote without
+        the CUDA driver loaded."""
         key = tuple(sorted((k, v) for k, v in env.items() if k not in PER_STEP_ENV))
         async with self._lock:
             zygote = self.by_env.get(key)
@@ -384,6 +403,11 @@ class Zygotes:
                                 else "")
                     return None
                 self.by_env[key], self.failed_starts[key] = zygote, 0
+        if gpu and zygote.driver:
+            if key not in self.warned_driver:
+                self.warned_driver.add(key)
+                log.warning("sandbox: the zygote's imports loaded the CUDA driver; GPU steps start fresh workers")
+            return None
         try:
             return await zygote.spawn(env, cwd, passed)
         except ZygoteGone as exc:

@@ -128,3 +128,40 @@ async def test_zygote_children_run_with_glibcs_per_thread_cache_off(zygote_cfg):
 
 async def test_zygote_children_cannot_find_the_step_key(zygote_cfg, monkeypatch):
     await verdict_line.test_the_key_is_nowhere_the_candidate_can_read(zygote_cfg, monkeypatch)
+
+
+def test_the_zygote_reports_a_loaded_cuda_driver(tmp_path):
+    # GPU steps fork only from a zygote without the CUDA driver mapped (a child that starts CUDA must
+    # not inherit one): the check reads the process's mappings, so a library of that name counts
+    import subprocess
+    import sys
+
+    lib = tmp_path / "libcuda.so.1"
+    src = tmp_path / "stub.c"
+    src.write_text("int sbx_test_symbol(void) { return 1; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    code = ("import ctypes, sys\nfrom sandbox.zygote import driver_loaded\nbefore = driver_loaded()\n"
+            f"ctypes.CDLL({str(lib)!r})\nprint(before, driver_loaded())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "True"], out
+
+
+@pytest.mark.gpu
+async def test_a_gpu_step_forked_from_the_zygote_equals_a_fresh_workers(sandbox_cfg):
+    # On a GPU machine: the same verdict through both kinds of worker, and the forked one skipped the
+    # import; the zygote's driver check passed (it served the GPU step)
+    from rewards.tasks.loader import load_builtin
+
+    task = {t.id: t for t in load_builtin(profile="full")}["L1/17_relu"]
+    answer = f"{task.source}\nModelNew = Model\n"
+    results = {}
+    for forked in (False, True):
+        cfg = dataclasses.replace(sandbox_cfg, zygote_worker=forked, zygote_gpu_steps=forked)
+        async with SandboxPool(cfg) as pool:
+            results[forked] = [await pool.evaluate(task.source, answer, "cuda") for _ in range(2)]
+            assert len(_zygote_pids(pool)) == int(forked)
+    fresh, forked = results[False][-1], results[True][-1]
+    for res in (fresh, forked):
+        assert res.correct and res.timed and res.error_kind is None, res
+    assert forked.isolation == fresh.isolation
+    assert forked.wall_s["judge_imports"] < 0.2 < fresh.wall_s["judge_imports"], (forked.wall_s, fresh.wall_s)
