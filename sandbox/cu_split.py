@@ -277,8 +277,8 @@ class Split:
         is_template, rest = _strip_template(mi)
         torchy = bool(_TORCH.search(mi))
         if "__global__" in words:
-            if is_template or torchy:
-                raise Doubt("a templated kernel or torch in a kernel")
+            if is_template or torchy or "<<<" in mi:
+                raise Doubt("a templated kernel, torch in a kernel, or a launch from a kernel")
             return "kernel"
         if IDENT.findall(rest)[:1] and IDENT.findall(rest)[0] in _STRUCTURAL:
             if "<<<" in mi:
