@@ -126,14 +126,18 @@ def build_module(call: dict[str, Any], functions: dict[str, str], root: str | Pa
     if out.is_file() and stamp_file.is_file() and stamp_file.read_text() == stamp:
         return out
     stamp_file.unlink(missing_ok=True)
-    if not compile_objects(call, texts, cmds, out.parent, times):
-        return None
-    t1 = time.perf_counter()
-    proc = subprocess.run(cmds["link"], capture_output=True, text=True)
-    if times is not None:
+    times = {} if times is None else times
+    try:
+        if not compile_objects(call, texts, cmds, out.parent, times):
+            return None
+        t1 = time.perf_counter()
+        proc = subprocess.run(cmds["link"], capture_output=True, text=True)
         times["link_s"] = time.perf_counter() - t1
-    if proc.returncode != 0:
-        return None
+        (out.parent / "link.log").write_text(proc.stdout + proc.stderr)
+        if proc.returncode != 0:
+            return None
+    finally:  # what each part took (bench/cuda_build.py reads it; a few bytes)
+        (out.parent / "times.json").write_text(json.dumps(times))
     stamp_file.write_text(stamp)
     return out
 
