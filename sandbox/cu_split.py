@@ -214,6 +214,44 @@ def _params(t: str, m: str, types: set[str]) -> tuple[str, list[str]]:
     return ", ".join(decls), names
 
 
+def signature(mi: str) -> tuple[str, bool, int, int] | None:
+    """A function item's name, whether it is a definition, and its parameter list's parentheses (the
+    last group before the body or the ``;``: ``__launch_bounds__(...)`` comes before a kernel's name);
+    None for anything else."""
+    is_def = mi.rstrip().endswith("}")
+    head = (mi[:_depth0(mi, "{")] if is_def else mi.rstrip().rstrip(";")).rstrip()
+    close, depth, o = len(head) - 1, 0, 0
+    for o in range(close, -1, -1):
+        depth += (head[o] == ")") - (head[o] == "(")
+        if depth == 0:
+            break
+    name = re.search(r"([A-Za-z_]\w*)\s*$", head[:o]) if head.endswith(")") and depth == 0 else None
+    if not name or _depth0(head, "=") >= 0:
+        return None
+    return name.group(1), is_def, o, close
+
+
+def prototypes(cpp: str) -> list[str] | None:
+    """The functions ``cpp_sources`` declares when it holds only includes, ``#pragma once`` and
+    function declarations (what KernelBench answers pass); None otherwise."""
+    m, names = mask(cpp), []
+    for a, b, kind in items(m):
+        mi = m[a:b]
+        if kind == "pp":
+            if not re.match(r"\s*#\s*(include\b|pragma\s+once\b)", mi):
+                return None
+            continue
+        words = IDENT.findall(mi)
+        sig = signature(mi)
+        if not mi.strip(" \t\n;"):
+            continue
+        if (sig is None or sig[1] or not words or words[0] in _STRUCTURAL | {"template", "namespace", "extern", "static"}
+                or "{" in mi):
+            return None
+        names.append(sig[0])
+    return names
+
+
 class Split:
     """The two units of one ``.cu`` (raises :class:`Doubt` when it cannot be split with certainty)."""
 
@@ -222,6 +260,7 @@ class Split:
         if _NO_SPLIT.search(m) or _NO_SPLIT.search(t):
             raise Doubt("thrust / cub")
         self.kernels: dict[str, bool] = {}  # name -> defined
+        self._host_items: list[str] = []
         self.device_names: set[str] = set()
         parsed = [(a, b, self._classify(t[a:b], m[a:b], kind)) for a, b, kind in items(m)]
         types = {n for a, b, c in parsed if c == "both" for n in _type_names(m[a:b])}
@@ -229,10 +268,7 @@ class Split:
         for a, b, where in parsed:
             ti, mi = t[a:b], m[a:b]
             if where == "kernel":
-                name, is_def = self._kernel_name(mi)
-                head = mi[:_depth0(mi, "{")] if is_def else mi
-                o = _depth0(head, "(")
-                close = o + 1 + _depth0(head[o + 1:], ")")
+                name, is_def, o, close = self._kernel_signature(mi)
                 params, names = _params(ti[o + 1:close], mi[o + 1:close], types)
                 if is_def and self.kernels.get(name):
                     raise Doubt(f"kernel {name} defined twice (an overload)")
@@ -247,20 +283,23 @@ class Split:
                 device.append(ti)
             if where in ("host", "both"):
                 host.append(ti)
+                self._host_items.append(mi)
         if not all(self.kernels.values()):
             raise Doubt("a kernel declared but not defined")
-        self.device = "#include <cuda.h>\n#include <cuda_runtime.h>\n" + CONFIG_STRUCT + "\n".join(device) + "\n"
+        code = mask("\n".join(device))
+        # what torch/types.h would have brought the .cu, where the device code may rely on it
+        std = [h for h, used in (("cmath", "std::"), ("algorithm", "std::"), ("limits", "std::"), ("utility", "std::"),
+                                 ("type_traits", "std::"), ("cfloat", "FLT_"), ("climits", "INT_")) if used in code]
+        self.device = ("#include <cuda.h>\n#include <cuda_runtime.h>\n" + "".join(f"#include <{h}>\n" for h in std)
+                       + CONFIG_STRUCT + "\n".join(device) + "\n")
         self.host = "#include <cuda.h>\n#include <cuda_runtime.h>\n" + CONFIG_STRUCT + self._rewrite("\n".join(host)) + "\n"
 
     @staticmethod
-    def _kernel_name(mi: str) -> tuple[str, bool]:
-        is_def = mi.rstrip().endswith("}")
-        head = mi[:_depth0(mi, "{")] if is_def else mi
-        o = _depth0(head, "(")
-        name = re.search(r"([A-Za-z_]\w*)\s*$", head[:o]) if o > 0 else None
-        if not name or (not is_def and _depth0(head, "=") >= 0):
-            raise Doubt("a __global__ item that is not a function")
-        return name.group(1), is_def
+    def _kernel_signature(mi: str) -> tuple[str, bool, int, int]:
+        sig = signature(mi)
+        if sig is None or sig[0] == "__launch_bounds__":
+            raise Doubt("a __global__ item that is not a plain function")
+        return sig
 
     def _classify(self, ti: str, mi: str, kind: str) -> str | None:
         """Where one item goes: "host", "device", "both", "kernel" or None (nothing)."""
@@ -296,9 +335,18 @@ class Split:
         head = mi[:_depth0(mi, "{")] if mi.rstrip().endswith("}") else mi
         eq, paren = _depth0(head, "="), _depth0(head, "(")
         is_function = paren >= 0 and (eq < 0 or paren < eq)
+        if is_function and "constexpr" in words and not torchy and "<<<" not in mi:
+            return "both"  # kernels may call constexpr host functions (torch passes --expt-relaxed-constexpr)
         if not is_function and words & {"const", "constexpr"} and "extern" not in words and not torchy:
             return "both"  # a constant: internal linkage, usable by kernels and host code alike
         return "host"
+
+    def declared_before_use(self, name: str) -> bool:
+        """Whether the first host item naming ``name`` declares or defines it as a function: then a
+        declaration of it placed before this unit's host code changes nothing (sandbox/split_cuda.py)."""
+        first = next((mi for mi in self._host_items if name in IDENT.findall(mi)), None)
+        sig = signature(first) if first is not None else None
+        return sig is not None and sig[0] == name
 
     def _rewrite(self, host: str) -> str:
         """Every ``kernel<<<cfg>>>(args)`` of the host text as a call of its stub; Doubt on anything else

@@ -18,10 +18,12 @@ torch header 0.7 s; docs/sandbox.md "Compile cost"). Here the ``.cu`` is split i
   as in the launch too, and a call that would not compile as a launch does not compile as a call.
 
 The answer's ``cpp_sources`` and the ``PyInit_`` tail (sandbox/split_build.py ``answer_tail``,
-bound through the trusted ``libsbx_split.so``) form a third unit, compiled on the same PCH: torch
-compiles ``main.cpp`` and ``cuda.cu`` as separate units, and keeping them apart keeps each unit's
-macros and declarations its own (an answer that would not build under torch does not build here).
-The three compile in parallel and are linked into one module as torch links a CUDA extension.
+bound through the trusted ``libsbx_split.so``) are torch's ``main.cpp``: when ``cpp_sources`` only
+declares functions that the ``.cu`` declares or defines before using them (KernelBench answers),
+they go first in the host unit (see :func:`units`); otherwise they form a third unit, so that each
+keeps its own macros and declarations as under torch (an answer that would not build under torch
+does not build here). The units compile in parallel and are linked into one module as torch links
+a CUDA extension.
 
 The text is split by :mod:`sandbox.cu_split` (a hand-written scanner; whatever it is not sure of
 makes the call fall back to torch's build); a unit that does not compile or link also falls back:
@@ -38,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox import build, split_build
-from sandbox.cu_split import IDENT, Doubt, Split, mask
+from sandbox.cu_split import IDENT, Doubt, Split, mask, prototypes
 
 
 def _reserved(text: str) -> list[str]:
@@ -68,8 +70,9 @@ def cuda_home() -> str:
     return str(home)
 
 
-def commands(call: dict[str, Any], root: str | Path, out_dir: Path) -> dict[str, list[str]]:
-    """The compile commands of the three units and the link, as torch would give them."""
+def commands(call: dict[str, Any], root: str | Path, out_dir: Path,
+             unit_names: tuple[str, ...] = ("device", "host", "main")) -> dict[str, list[str]]:
+    """The compile commands of the units and the link, as torch would give them."""
     from torch.utils import cpp_extension
 
     flags = build.pch_flags(call.get("extra_cflags") or []) or []
@@ -89,24 +92,38 @@ def commands(call: dict[str, Any], root: str | Path, out_dir: Path) -> dict[str,
     link = [build._compiler(), "-shared", *(str(f) for f in call.get("extra_ldflags") or []), f"-L{torch_lib}", "-lc10",
             "-lc10_cuda", "-ltorch_cpu", "-ltorch_cuda", "-ltorch", "-ltorch_python", f"-L{lib_dir}", "-lsbx_split",
             f"-Wl,-rpath,{lib_dir}", f"-L{os.path.join(home, lib_path)}", "-lcudart"]
-    return {"device": [*nvcc, "-c", str(out_dir / "device.cu"), "-o", str(out_dir / "device.o")],
+    cmds = {"device": [*nvcc, "-c", str(out_dir / "device.cu"), "-o", str(out_dir / "device.o")],
             "host": [*gxx, "-c", "-x", "c++", str(out_dir / "host.cpp"), "-o", str(out_dir / "host.o")],
-            "main": [*gxx, "-c", str(out_dir / "main.cpp"), "-o", str(out_dir / "main.o")],
-            "link": [*link[:2], *(str(out_dir / f"{u}.o") for u in ("main", "host", "device")), *link[2:],
+            "main": [*gxx, "-c", str(out_dir / "main.cpp"), "-o", str(out_dir / "main.o")]}
+    return {**{u: cmds[u] for u in unit_names},
+            "link": [*link[:2], *(str(out_dir / f"{u}.o") for u in unit_names), *link[2:],
                      "-o", str(split_build.module_path(out_dir.parent, name))]}
 
 
 def units(call: dict[str, Any], functions: dict[str, str]) -> dict[str, str]:
-    """The three units' text; :class:`Doubt` when the ``.cu`` cannot be split with certainty."""
+    """The units' text (device, host, and main unless it joins host); :class:`Doubt` when the
+    ``.cu`` cannot be split with certainty.
+
+    torch's main.cpp (``cpp_sources`` and the binding) is a unit of its own, ~1.8 CPU s on the
+    PCH whatever it holds (an empty unit costs 1.7 s: the header's inline code instantiated at the
+    end of every unit). When ``cpp_sources`` only declares functions (KernelBench answers do) and
+    the ``.cu``'s host code declares or defines each of them before any other use, it and the tail
+    go first in the host unit instead: the tail sees exactly the declarations main.cpp would, the
+    ``.cu``'s macros come after it, and the ``.cu``'s code sees nothing it would not have seen
+    itself (every declared function it uses is its own, declared first)."""
     split = Split("\n".join(_texts(call, "cuda_sources")))
-    main = "#include <torch/extension.h>\n" + "\n".join(_texts(call, "cpp_sources")) + "\n"
+    cpp = "\n".join(_texts(call, "cpp_sources")) + "\n"
+    tail = split_build.answer_tail(str(call["name"]), functions)
+    declared = prototypes(cpp)
+    if declared is not None and all(split.declared_before_use(f) for f in declared):
+        return {"device": split.device, "host": "#include <torch/extension.h>\n" + cpp + tail + split.host}
     return {"device": split.device, "host": "#include <torch/extension.h>\n" + split.host,
-            "main": main + split_build.answer_tail(str(call["name"]), functions)}
+            "main": "#include <torch/extension.h>\n" + cpp + tail}
 
 
 def build_module(call: dict[str, Any], functions: dict[str, str], root: str | Path, build_dir: str | Path,
                  times: dict[str, float] | None = None) -> Path | None:
-    """Compile the three units in parallel and link them; None when the answer does not split or a
+    """Compile the units in parallel and link them; None when the answer does not split or a
     unit does not compile or link this way (the caller builds it torch's way). Raises
     :class:`sandbox.split_build.ReservedSymbol` for an answer that names or defines an ``sbx_`` symbol.
     ``times`` receives each unit's seconds (the bench)."""
@@ -120,7 +137,7 @@ def build_module(call: dict[str, Any], functions: dict[str, str], root: str | Pa
     except Doubt:
         return None
     out = split_build.module_path(build_dir, name)
-    cmds = commands(call, root, out.parent)
+    cmds = commands(call, root, out.parent, tuple(texts))
     stamp = hashlib.sha256(json.dumps([texts, cmds]).encode()).hexdigest()
     stamp_file = out.parent / "stamp"
     if out.is_file() and stamp_file.is_file() and stamp_file.read_text() == stamp:
@@ -144,7 +161,7 @@ def build_module(call: dict[str, Any], functions: dict[str, str], root: str | Pa
 
 def compile_objects(call: dict[str, Any], texts: dict[str, str], cmds: dict[str, list[str]], out_dir: Path,
                     times: dict[str, float] | None = None) -> bool:
-    """The three units compiled side by side into ``out_dir``; False when one does not compile or the
+    """The units compiled side by side into ``out_dir``; False when one does not compile or the
     host unit calls a launch stub the device unit does not define (the same mangled type). Raises
     :class:`sandbox.split_build.ReservedSymbol` for an object defining an ``sbx_`` symbol."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -152,11 +169,11 @@ def compile_objects(call: dict[str, Any], texts: dict[str, str], cmds: dict[str,
         (out_dir / ("device.cu" if unit == "device" else f"{unit}.cpp")).write_text(text)
     t0 = time.perf_counter()
     procs = {}
-    for unit in ("device", "host", "main"):
+    for unit in texts:
         with open(out_dir / f"{unit}.log", "w") as log:  # a file, not a pipe: nothing blocks on a long error
             procs[unit] = subprocess.Popen(cmds[unit], stdout=log, stderr=subprocess.STDOUT)
     ok = True
-    for unit, proc in procs.items():  # all three waited for: none left running behind a fallback
+    for unit, proc in procs.items():  # all waited for: none left running behind a fallback
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         ok = ok and proc.returncode == 0
@@ -166,7 +183,7 @@ def compile_objects(call: dict[str, Any], texts: dict[str, str], cmds: dict[str,
             print((out_dir / f"{unit}.log").read_text()[-4000:])
     if not ok:
         return False
-    symbols = {u: _symbols(out_dir / f"{u}.o") for u in ("main", "host", "device")}
+    symbols = {u: _symbols(out_dir / f"{u}.o") for u in texts}
     bad = sorted({s for defined, _ in symbols.values() for s in defined if s.startswith("sbx_")})
     if bad:
         raise split_build.ReservedSymbol(f"Error building extension '{call['name']}': the answer defines reserved "

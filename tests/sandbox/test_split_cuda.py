@@ -22,7 +22,7 @@ from torch.utils import cpp_extension
 
 from rewards.corpus import corpus_answers
 from sandbox import build, split_build, split_cuda
-from sandbox.cu_split import Doubt, Split
+from sandbox.cu_split import Doubt, Split, prototypes
 
 ROOT = Path(__file__).resolve().parents[2]
 KB_ANSWERS = sorted(glob.glob(str(ROOT / "bench" / "kernelbench_answers" / "*.py")))
@@ -212,12 +212,18 @@ def hand_call(name: str, cu: str, functions: list[str], decls: str) -> dict:
     return {"name": name, "cpp_sources": decls, "cuda_sources": cu, "functions": functions, "extra_cuda_cflags": ["-O3"]}
 
 
+# torch's main.cpp holding code of its own (a C++ wrapper around the .cu's launcher): a unit of its own
+WRAPPER_CPP = ("torch::Tensor fill_cuda(torch::Tensor t);\n"
+               "torch::Tensor fill_twice(torch::Tensor t) { fill_cuda(t); return fill_cuda(t); }\n")
+WRAPPER_CU = NAMES.replace("torch::Tensor fill(", "torch::Tensor fill_cuda(")
+
 HAND = {
     "macros_two_kernels": hand_call("macros_two_kernels", MACROS_TWO_KERNELS, ["square_plus"],
                                     "torch::Tensor square_plus(torch::Tensor x, double s);"),
     "structs_shared": hand_call("structs_shared", STRUCTS_SHARED, ["transpose", "rowsum"],
                                 "torch::Tensor transpose(torch::Tensor x);\ntorch::Tensor rowsum(torch::Tensor x);"),
     "names": hand_call("names", NAMES, ["fill"], "torch::Tensor fill(torch::Tensor t);"),
+    "wrapper": hand_call("wrapper", WRAPPER_CU, ["fill_twice"], WRAPPER_CPP),
 }
 
 
@@ -250,6 +256,39 @@ def test_model_like_answers_split_with_stubs_in_place_of_launches():
     n = Split(NAMES)
     assert "fill_kernel(sbx_launch_config sbx_c, float* x, int n)" in n.device  # x and n, though P has x and n
     assert "sbx_launch_nothing_kernel(sbx_launch_config(1, 1));" in n.host
+
+
+def test_main_cpp_joins_the_host_unit_only_when_that_changes_nothing():
+    assert prototypes("#include <torch/extension.h>\n// f\ntorch::Tensor f(torch::Tensor x, double s = 1.0);\n"
+                      "at::Tensor g(const at::Tensor& a);") == ["f", "g"]
+    for not_only_declarations in (WRAPPER_CPP, "#define N 4\ntorch::Tensor f(torch::Tensor x);",
+                                  "using namespace torch;\nTensor f(Tensor x);", "struct S {};"):
+        assert prototypes(not_only_declarations) is None, not_only_declarations
+    for label, call in project_calls(("fast",)).items():  # every project answer: two units
+        assert set(split_cuda.units(call, split_cuda.applies(call))) == {"device", "host"}, label
+    assert set(split_cuda.units(HAND["wrapper"], {"fill_twice": "fill_twice"})) == {"device", "host", "main"}
+    # the .cu's host code uses a function main.cpp declares before declaring it itself: under torch
+    # that does not compile, so main.cpp's declarations stay out of its unit
+    cu = NAMES.replace("torch::Tensor fill(torch::Tensor t) {", "torch::Tensor helper(torch::Tensor t);\n"
+                       "torch::Tensor fill(torch::Tensor t) {\n    helper(t);")
+    early = hand_call("early", cu, ["fill"], "torch::Tensor fill(torch::Tensor t);\ntorch::Tensor helper(torch::Tensor t);")
+    assert set(split_cuda.units(early, {"fill": "fill"})) == {"device", "host"}
+    used_first = hand_call("used_first", NAMES.replace("torch::Tensor fill(torch::Tensor t) {",
+                                                       "torch::Tensor fill(torch::Tensor t) {\n    other(t);"),
+                           ["fill"], "torch::Tensor fill(torch::Tensor t);\ntorch::Tensor other(torch::Tensor t);")
+    assert set(split_cuda.units(used_first, {"fill": "fill"})) == {"device", "host", "main"}
+
+
+def test_a_kernel_with_launch_bounds_and_std_in_device_code_splits():
+    s = Split("#include <torch/extension.h>\n"
+              "__global__ void __launch_bounds__(256) k(float* y, int n) { int i = threadIdx.x; y[i] = std::min(i, n); }\n"
+              "constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }\n"
+              "__global__ void j(float* y) { y[threadIdx.x] = cdiv(4, 2); }\n"
+              "torch::Tensor f(torch::Tensor y) { k<<<1, 256>>>(y.data_ptr<float>(), 3); j<<<1, 1>>>(y.data_ptr<float>());"
+              " return y; }\n")
+    assert set(s.kernels) == {"k", "j"} and "sbx_launch_k(sbx_launch_config sbx_c, float* y, int n)" in s.device
+    assert "#include <algorithm>" in s.device  # torch/types.h would have brought it
+    assert "constexpr int cdiv" in s.device and "constexpr int cdiv" in s.host
 
 
 @pytest.mark.parametrize("why", sorted(FALLBACKS))
@@ -308,7 +347,7 @@ def test_the_units_compile_without_torch_for_nvcc_and_their_stubs_match(trusted,
     for k, (label, call) in enumerate(calls.items()):
         out = tmp_path / f"u{k}"
         texts = split_cuda.units(call, split_cuda.applies(call))
-        cmds = split_cuda.commands(call, trusted, out)
+        cmds = split_cuda.commands(call, trusted, out, tuple(texts))
         assert not any(torch_include in a for a in cmds["device"])  # nvcc gets no torch include path at all
         if not split_cuda.compile_objects(call, texts, cmds, out):
             failed[label] = [(out / f"{u}.log").read_text()[-1500:] for u in ("device", "host", "main")]
@@ -377,7 +416,9 @@ def test_kernelbench_and_hand_written_answers_build_split_load_and_are_correct(h
     m = hooked(**HAND["structs_shared"])
     torch.testing.assert_close(m.transpose(x), x.t().contiguous())
     torch.testing.assert_close(m.rowsum(x), x.sum(1), rtol=1e-4, atol=1e-4)
-    for name in ("macros_two_kernels", "structs_shared"):
+    m = hooked(**HAND["wrapper"])  # main.cpp a unit of its own
+    assert torch.equal(m.fill_twice(torch.zeros(32, device="cuda")), torch.ones(32, device="cuda"))
+    for name in ("macros_two_kernels", "structs_shared", "wrapper"):
         assert _decision(tmp_path, name) == str(trusted), name
 
 
