@@ -259,6 +259,8 @@ class Split:
         t, m = cuda_source, mask(cuda_source)
         if _NO_SPLIT.search(m) or _NO_SPLIT.search(t):
             raise Doubt("thrust / cub")
+        if re.search(r"\b__(?:CUDACC|NVCC)\w*", m):  # nvcc defines them for the .cu's host code, g++ does not
+            raise Doubt("code that asks which compiler compiles it")
         self.kernels: dict[str, bool] = {}  # name -> defined
         self._host_items: list[str] = []
         self.device_names: set[str] = set()

@@ -54,8 +54,19 @@ def applies(call: dict[str, Any]) -> dict[str, str] | None:
     functions = split_build.applies(call, cuda=True)
     if functions is None or call.get("with_cuda") is False:
         return None
+    # flags nvcc hands its host compiler would reach the .cu's host code, which g++ compiles here on
+    # a PCH of fixed flags; macros (-D / -U) are given to both units instead (commands)
+    if any(str(f).strip().startswith(_HOST_COMPILER_FLAGS) for f in call.get("extra_cuda_cflags") or []):
+        return None
+    # the host unit is compiled with extra_cflags (its PCH's flags): only those that cannot change
+    # what the .cu's host code computes or sees (-ffast-math, -fopenmp, -march define macros or change math)
+    if not set(build.pch_flags(call.get("extra_cflags") or []) or []) <= {"-O2", "-O3"}:
+        return None
     text = "\n".join(_texts(call, "cuda_sources") + _texts(call, "cpp_sources"))
     return None if any(marker in text for marker in build._NEEDS_FULL_HEADER) else functions
+
+
+_HOST_COMPILER_FLAGS = ("-Xcompiler", "--compiler-options", "-ccbin", "--compiler-bindir", "-I", "--include-path")
 
 
 def _texts(call: dict[str, Any], key: str) -> list[str]:
@@ -86,6 +97,7 @@ def commands(call: dict[str, Any], root: str | Path, out_dir: Path,
     gxx = [build._compiler(), f"-I{split_build.min_pch_dir(root, flags)}", f"-I{Path(root) / 'narrow' / 'min'}",
            f"-DTORCH_EXTENSION_NAME={name}", *build.pch_cflags(flags), "-isystem", os.path.join(home, "include"),
            "-Winvalid-pch"]
+    macros = [f for f in cuda_flags if f.startswith(("-D", "-U"))]  # the .cu's macros reach its host code too
     lib_dir = Path(root) / split_build.runtime_key()
     lib_path = "lib64" if os.path.isdir(os.path.join(home, "lib64")) else "lib"
     torch_lib = cpp_extension.library_paths()[0]
@@ -93,7 +105,7 @@ def commands(call: dict[str, Any], root: str | Path, out_dir: Path,
             "-lc10_cuda", "-ltorch_cpu", "-ltorch_cuda", "-ltorch", "-ltorch_python", f"-L{lib_dir}", "-lsbx_split",
             f"-Wl,-rpath,{lib_dir}", f"-L{os.path.join(home, lib_path)}", "-lcudart"]
     cmds = {"device": [*nvcc, "-c", str(out_dir / "device.cu"), "-o", str(out_dir / "device.o")],
-            "host": [*gxx, "-c", "-x", "c++", str(out_dir / "host.cpp"), "-o", str(out_dir / "host.o")],
+            "host": [*gxx, *macros, "-c", "-x", "c++", str(out_dir / "host.cpp"), "-o", str(out_dir / "host.o")],
             "main": [*gxx, "-c", str(out_dir / "main.cpp"), "-o", str(out_dir / "main.o")]}
     return {**{u: cmds[u] for u in unit_names},
             "link": [*link[:2], *(str(out_dir / f"{u}.o") for u in unit_names), *link[2:],
@@ -115,7 +127,8 @@ def units(call: dict[str, Any], functions: dict[str, str]) -> dict[str, str]:
     cpp = "\n".join(_texts(call, "cpp_sources")) + "\n"
     tail = split_build.answer_tail(str(call["name"]), functions)
     declared = prototypes(cpp)
-    if declared is not None and all(split.declared_before_use(f) for f in declared):
+    macros = any(str(f).strip().startswith(("-D", "-U")) for f in call.get("extra_cuda_cflags") or [])
+    if declared is not None and not macros and all(split.declared_before_use(f) for f in declared):
         return {"device": split.device, "host": "#include <torch/extension.h>\n" + cpp + tail + split.host}
     return {"device": split.device, "host": "#include <torch/extension.h>\n" + split.host,
             "main": "#include <torch/extension.h>\n" + cpp + tail}

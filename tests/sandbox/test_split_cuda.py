@@ -186,6 +186,15 @@ torch::Tensor f(torch::Tensor y) { launch(y.data_ptr<float>()); return y; }''',
 #include <torch/extension.h>
 __global__ void k(float* y) { y[threadIdx.x] = 0.f; }
 torch::Tensor f(torch::Tensor y) { auto g = [] __device__ (float v) { return v; }; k<<<1, 16>>>(y.data_ptr<float>()); return y; }''',
+    "__CUDACC__ in host code": r'''
+#include <torch/extension.h>
+__global__ void k(float* y) { y[threadIdx.x] = 0.f; }
+torch::Tensor f(torch::Tensor y) {
+#ifdef __CUDACC__
+    k<<<1, 16>>>(y.data_ptr<float>());
+#endif
+    return y;
+}''',
     "unbalanced text": r'''
 #include <torch/extension.h>
 __global__ void k(float* y) { y[threadIdx.x] = 0.f;
@@ -224,6 +233,11 @@ HAND = {
                                 "torch::Tensor transpose(torch::Tensor x);\ntorch::Tensor rowsum(torch::Tensor x);"),
     "names": hand_call("names", NAMES, ["fill"], "torch::Tensor fill(torch::Tensor t);"),
     "wrapper": hand_call("wrapper", WRAPPER_CU, ["fill_twice"], WRAPPER_CPP),
+    # a macro from extra_cuda_cflags, used by device and host code (both units get it; main.cpp stays apart)
+    "flag_macro": {**hand_call("flag_macro", NAMES.replace("fill_kernel<<<1, 32>>>", "fill_kernel<<<1, THREADS>>>")
+                               .replace("int i = threadIdx.x;", "int i = threadIdx.x % THREADS;"),
+                               ["fill"], "torch::Tensor fill(torch::Tensor t);"),
+                   "extra_cuda_cflags": ["-O3", "-DTHREADS=32"]},
 }
 
 
@@ -258,7 +272,8 @@ def test_model_like_answers_split_with_stubs_in_place_of_launches():
     assert "sbx_launch_nothing_kernel(sbx_launch_config(1, 1));" in n.host
 
 
-def test_main_cpp_joins_the_host_unit_only_when_that_changes_nothing():
+def test_main_cpp_joins_the_host_unit_only_when_that_changes_nothing(monkeypatch):
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")  # commands() asks torch for the arch flags
     assert prototypes("#include <torch/extension.h>\n// f\ntorch::Tensor f(torch::Tensor x, double s = 1.0);\n"
                       "at::Tensor g(const at::Tensor& a);") == ["f", "g"]
     for not_only_declarations in (WRAPPER_CPP, "#define N 4\ntorch::Tensor f(torch::Tensor x);",
@@ -267,6 +282,9 @@ def test_main_cpp_joins_the_host_unit_only_when_that_changes_nothing():
     for label, call in project_calls(("fast",)).items():  # every project answer: two units
         assert set(split_cuda.units(call, split_cuda.applies(call))) == {"device", "host"}, label
     assert set(split_cuda.units(HAND["wrapper"], {"fill_twice": "fill_twice"})) == {"device", "host", "main"}
+    # a -D of extra_cuda_cflags reaches the .cu's host code, not main.cpp: main.cpp stays apart
+    assert set(split_cuda.units(HAND["flag_macro"], {"fill": "fill"})) == {"device", "host", "main"}
+    assert "-DTHREADS=32" in split_cuda.commands(HAND["flag_macro"], "/r", Path("/o"))["host"]
     # the .cu's host code uses a function main.cpp declares before declaring it itself: under torch
     # that does not compile, so main.cpp's declarations stay out of its unit
     cu = NAMES.replace("torch::Tensor fill(torch::Tensor t) {", "torch::Tensor helper(torch::Tensor t);\n"
@@ -300,8 +318,12 @@ def test_what_the_splitter_is_not_sure_of_falls_back(why):
 def test_calls_the_cuda_split_does_not_take():
     call = hand_call("c", NAMES, ["fill"], "torch::Tensor fill(torch::Tensor t);")
     assert split_cuda.applies(call) == {"fill": "fill"}
+    assert split_cuda.applies({**call, "extra_cflags": ["-O3"], "extra_cuda_cflags": ["-O3", "-DN=4", "--use_fast_math"]})
     for change in ({"cuda_sources": None}, {"extra_cflags": ["-O1"]}, {"with_cuda": False}, {"build_directory": "/x"},
-                   {"cpp_sources": "#include <pybind11/pybind11.h>\n"}, {"no_implicit_headers": True}):
+                   {"cpp_sources": "#include <pybind11/pybind11.h>\n"}, {"no_implicit_headers": True},
+                   # what would change the .cu's host code, which g++ compiles here with the PCH's flags
+                   {"extra_cflags": ["-O3", "-ffast-math"]}, {"extra_cuda_cflags": ["-Xcompiler", "-ffast-math"]},
+                   {"extra_cuda_cflags": ["--compiler-options=-O0"]}):
         assert split_cuda.applies({**call, **change}) is None, change
 
 
@@ -328,7 +350,8 @@ def cuda_env(monkeypatch, tmp_path):
     """nvcc's root for a CPU torch (it never looks for one), one arch, and the generated c10/cuda
     header CPU wheels lack (one macro), so the host unit's c10/cuda includes compile."""
     if not torch.version.cuda:
-        home = os.environ.get("CUDA_HOME") or str(sorted(Path("/usr/local").glob("cuda*/bin/nvcc"))[-1].parents[1])
+        found = sorted(Path("/usr/local").glob("cuda*/bin/nvcc"))
+        home = os.environ.get("CUDA_HOME") or (str(found[-1].parents[1]) if found else None)
         monkeypatch.setattr(cpp_extension, "CUDA_HOME", home)
         shim = tmp_path / "shim" / "c10" / "cuda" / "impl"
         shim.mkdir(parents=True)
@@ -418,7 +441,9 @@ def test_kernelbench_and_hand_written_answers_build_split_load_and_are_correct(h
     torch.testing.assert_close(m.rowsum(x), x.sum(1), rtol=1e-4, atol=1e-4)
     m = hooked(**HAND["wrapper"])  # main.cpp a unit of its own
     assert torch.equal(m.fill_twice(torch.zeros(32, device="cuda")), torch.ones(32, device="cuda"))
-    for name in ("macros_two_kernels", "structs_shared", "wrapper"):
+    m = hooked(**HAND["flag_macro"])
+    assert torch.equal(m.fill(torch.zeros(32, device="cuda")), torch.ones(32, device="cuda"))
+    for name in ("macros_two_kernels", "structs_shared", "wrapper", "flag_macro"):
         assert _decision(tmp_path, name) == str(trusted), name
 
 
@@ -447,12 +472,14 @@ def test_a_fallback_builds_torchs_way_and_the_run_step_repeats_the_split(hooked,
 def test_the_cuda_corpus_scores_as_expected_with_the_split_build(tmp_path):
     from tests.rewards.test_corpus import evaluate_all, verdict
 
-    split_build.build_trusted(tmp_path / "split", [])
+    split_build.build_trusted(tmp_path / "split", [])  # what the pool builds after a flag set's second use
     answers = corpus_answers("cuda")
-    outcomes = evaluate_all("cuda", answers, cache_dir=str(tmp_path), split_build=True, split_build_cuda=True)
-    bad = [(a.task_id, a.variant, a.expected, verdict(outcomes[(a.task_id, a.variant)])) for a in answers
-           if verdict(outcomes[(a.task_id, a.variant)]) != a.expected]
-    assert not bad
+    workers = max(2, (os.cpu_count() or 4) // 2)
+    outcomes = evaluate_all("cuda", answers, "kernel_cuda", cache_dir=str(tmp_path), compile_workers=workers,
+                            max_concurrent=16, split_build=True, split_build_cuda=True)
+    bad = {(a.task_id, a.variant): (verdict(o), o.feedback[:300]) for a in answers
+           for o in [outcomes[(a.task_id, a.variant)]] if verdict(o) != a.expected}
+    assert not bad, bad
     decisions = [json.loads(p.read_text())["split_build"] for p in (tmp_path / "builds").rglob("*.pch.json")]
     # every answer that builds took the split path (the broken ones fell back, then failed torch's way)
     assert sum(d == str(tmp_path / "split") for d in decisions) == sum(a.expected != "compile_error" for a in answers)
