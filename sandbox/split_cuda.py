@@ -44,7 +44,12 @@ from sandbox.cu_split import IDENT, Doubt, Split, mask, prototypes
 
 
 def _reserved(text: str) -> list[str]:
-    return sorted({w for w in IDENT.findall(mask(text)) if w.startswith("sbx_")})
+    """The ``sbx_`` names the answer's code (not its comments or strings) uses."""
+    try:
+        code = mask(text)
+    except Exception:  # noqa: BLE001 - text the scanner cannot read does not split either (units() says so): no verdict here
+        return []
+    return sorted({w for w in IDENT.findall(code) if w.startswith("sbx_")})
 
 
 def applies(call: dict[str, Any]) -> dict[str, str] | None:
@@ -147,7 +152,7 @@ def build_module(call: dict[str, Any], functions: dict[str, str], root: str | Pa
                                          f"symbol(s) {', '.join(reserved[:5])} (the sbx_ prefix is the sandbox's)")
     try:
         texts = units(call, functions)
-    except Doubt:
+    except Exception:  # noqa: BLE001 - Doubt, or a scanner error on text it did not foresee: a doubt too
         return None
     out = split_build.module_path(build_dir, name)
     cmds = commands(call, root, out.parent, tuple(texts))

@@ -333,6 +333,9 @@ def test_an_answer_naming_an_sbx_symbol_fails_the_build(tmp_path):
         with pytest.raises(split_build.ReservedSymbol, match="Error building extension 'hostile'.*reserved symbol"):
             split_cuda.build_module(call, {"fill": "fill"}, tmp_path / "split", tmp_path)
     assert not split_build.module_path(tmp_path, "hostile").exists()
+    # text the scanner cannot read (an unterminated comment) is not a verdict: it falls back
+    call = hand_call("unread", NAMES + "\n/* never closed", ["fill"], "torch::Tensor fill(torch::Tensor t);")
+    assert split_cuda.build_module(call, {"fill": "fill"}, tmp_path / "split", tmp_path) is None
 
 
 # --- real compiles (nvcc and g++; CPU torch: no link) ------------------------------------------------
