@@ -388,6 +388,63 @@ def test_the_units_compile_without_torch_for_nvcc_and_their_stubs_match(trusted,
     assert "cuda_runtime.h" in deps and torch_include not in deps and "/torch/" not in deps
 
 
+# On a CPU torch: the three functions of libc10_cuda a split host unit calls, so that the module
+# links and loads here (libtorch_cuda: an empty library; libcudart: the toolkit's, no device).
+STAND_IN_C10_CUDA = r'''
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAException.h>
+namespace c10::cuda {
+CUDAStream getCurrentCUDAStream(DeviceIndex) {
+  return CUDAStream(CUDAStream::UNCHECKED, Stream(Stream::DEFAULT, Device(DeviceType::CUDA, 0)));
+}
+cudaStream_t CUDAStream::stream() const { return nullptr; }
+void c10_cuda_check_implementation(const int32_t err, const char*, const char*, uint32_t, const bool) {
+  TORCH_CHECK(err == 0, "CUDA error ", err, " (stand-in libc10_cuda)");
+}
+}  // namespace c10::cuda
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(bool(torch.version.cuda), reason="a CUDA torch links the real libraries: the gpu tests below")
+def test_a_split_module_links_loads_binds_and_launches_with_stand_in_cuda_libraries(trusted, cuda_env, tmp_path,
+                                                                                   monkeypatch):
+    import ctypes
+
+    home = split_cuda.cuda_home()
+    cudart = sorted(Path(home).glob("lib*/libcudart.so.*"))
+    if not cudart:
+        pytest.skip(f"no libcudart under {home}")
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "c10_cuda.cpp").write_text(STAND_IN_C10_CUDA)
+    (fake / "empty.cpp").write_text("void stand_in_torch_cuda() {}\n")
+    includes = [a for p in cpp_extension.include_paths() for a in ("-isystem", p)]
+    torch_lib = cpp_extension.library_paths()[0]
+    for lib, src, extra in (("c10_cuda", "c10_cuda.cpp", [f"-L{torch_lib}", "-lc10"]), ("torch_cuda", "empty.cpp", [])):
+        subprocess.run(["c++", "-shared", "-fPIC", "-std=c++17", str(fake / src), "-o", str(fake / f"lib{lib}.so"),
+                        f"-Wl,-soname,lib{lib}.so", *includes, "-isystem", os.path.join(home, "include"), *extra],
+                       check=True, capture_output=True)
+        ctypes.CDLL(str(fake / f"lib{lib}.so"), mode=ctypes.RTLD_GLOBAL)  # the module's NEEDED, by soname
+    runtime = ctypes.CDLL(str(cudart[-1]), mode=ctypes.RTLD_GLOBAL)
+    monkeypatch.setenv("LIBRARY_PATH", str(fake))  # the link's -lc10_cuda / -ltorch_cuda
+    for label, call in (("1_19_ReLU", captured_calls(Path(KB_ANSWERS[0]).read_text())[0]),
+                        ("gelu", captured_calls(corpus_answers("cuda", ["L1/18_gelu"])[0].code)[0])):
+        functions = split_cuda.applies(call)
+        path = split_cuda.build_module(call, functions, trusted, tmp_path / "b")
+        assert path is not None, (label, (path or tmp_path).parent.joinpath("link.log"))
+        m = split_build.load_module(call["name"], path)
+        fn = getattr(m, next(iter(functions)))
+        assert m.__name__ == call["name"] and fn.__doc__.startswith(f"{fn.__name__}(arg0: torch.Tensor) -> torch.Tensor")
+        if label == "1_19_ReLU":  # the answer's TORCH_CHECK, raised as torch raises it
+            with pytest.raises(RuntimeError, match="expected a float32 CUDA tensor"):
+                fn(torch.randn(8))
+        else:  # no check: the stub launches through the CUDA runtime, which has no device here
+            runtime.cudaGetLastError()
+            assert fn(torch.randn(8)).shape == (8,)
+            assert runtime.cudaGetLastError() != 0  # the launch reached cudart and failed there
+
+
 def test_a_stub_of_another_type_is_caught_by_its_mangled_name():
     host = {"_Z14sbx_launch_k17sbx_launch_configPf", "_ZN3c104cuda20getCurrentCUDAStreamEa"}
     assert split_cuda.stubs_match(host, {"_Z14sbx_launch_k17sbx_launch_configPf"})
