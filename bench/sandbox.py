@@ -73,6 +73,8 @@ async def amain(args: Any) -> None:
     for key in ("max_concurrent", "compile_workers", "cache_dir", "max_jobs"):
         if getattr(args, key) is not None:
             overrides[key] = getattr(args, key)
+    if args.split_build_cuda:  # the split CUDA build (sandbox/split_cuda.py), off by default
+        overrides.update(split_build=True, split_build_cuda=True)
     cfg = load_default_config(**overrides)
     work = candidates(args.backend, args.distinct)
     failures: list[dict[str, Any]] = []
@@ -116,6 +118,7 @@ def main() -> None:
     p.add_argument("--compile-workers", dest="compile_workers", type=int, default=None)
     p.add_argument("--max-jobs", dest="max_jobs", type=int, default=None)
     p.add_argument("--cache-dir", dest="cache_dir", default=None)
+    p.add_argument("--split-build-cuda", action="store_true", help="sandbox.split_build_cuda on (the split CUDA build)")
     asyncio.run(amain(p.parse_args()))
 
 

@@ -73,6 +73,7 @@ class SandboxConfig:
     precompiled_header: bool = MISSING     # build torch/extension.h once per flag set and reuse it
     narrow_cuda_header: bool = MISSING     # nvcc sees torch/types.h for torch/extension.h first (build.py)
     split_build: bool = MISSING            # cpu backend: the answer's C++ alone + trusted binders (split_build.py)
+    split_build_cuda: bool = MISSING       # with split_build, cuda backend too: nvcc sees no torch header (split_cuda.py)
     pch_min_builds: int = MISSING          # a flag set gets a PCH once this many builds used it
     pch_max_sets: int = MISSING            # at most this many PCHs (~755 MB each) per cache
     poison_bytes: int = MISSING            # NaN-filled memory freed before every candidate run

@@ -92,7 +92,8 @@ class Launcher:
             **req, workdir=str(workdir), build_dir=str(build_dir),
             pch_root=str(self.cache / "pch") if cfg.precompiled_header else None,
             narrow_header_dir=self.narrow_header_dir if cfg.narrow_cuda_header else None,
-            split_root=str(self.cache / "split") if cfg.split_build and backend == "cpu" else None,
+            split_root=str(self.cache / "split") if cfg.split_build and (
+                backend == "cpu" or (backend == "cuda" and cfg.split_build_cuda)) else None,
             output_tail_bytes=cfg.output_tail_bytes,
             limits=Limits(memory_bytes=cfg.memory_limit_bytes if use_as else None, open_files=cfg.max_open_files,
                           processes=cfg.max_processes, cpu_s=cfg.cpu_time_limit_s,

@@ -219,11 +219,13 @@ class ReservedSymbol(RuntimeError):
     """The answer's object defines a symbol of the trusted library's namespace: the build fails."""
 
 
-def applies(call: dict[str, Any]) -> dict[str, str] | None:
+def applies(call: dict[str, Any], cuda: bool = False) -> dict[str, str] | None:
     """The functions to bind (name -> docstring) when a ``load_inline`` call can take the split
-    path, else None: a C++-only Python module with torch's error handling, a project flag set, and
-    functions that are C identifiers."""
-    if any(call.get(k) for k in ("cuda_sources", "sycl_sources", "with_cuda", "with_sycl", "no_implicit_headers")):
+    path, else None: a C++-only (``cuda``: a C++ and CUDA, sandbox/split_cuda.py) Python module with
+    torch's error handling, a project flag set, and functions that are C identifiers."""
+    if any(call.get(k) for k in ("sycl_sources", "with_sycl", "no_implicit_headers")):
+        return None
+    if bool(call.get("cuda_sources")) != cuda or (not cuda and call.get("with_cuda")):
         return None
     if call.get("is_python_module", True) is not True or call.get("with_pytorch_error_handling", True) is not True:
         return None
@@ -301,7 +303,10 @@ def first(call: dict[str, Any], split_root: str | None, build_dir: str,
     """The split build of a first build: None when it does not apply (or its trusted parts are not
     built yet: then the flag set is reported), (root, None) when the answer's unit did not compile
     that way (the old build follows, recorded as ``fallback``), (root, module) when it built."""
-    functions = applies(call) if split_root else None
+    from sandbox import split_cuda
+
+    cuda = bool(call.get("cuda_sources"))
+    functions = (split_cuda.applies(call) if cuda else applies(call)) if split_root else None
     if functions is None:
         return None
     flags = build.pch_flags(call.get("extra_cflags") or []) or []
@@ -309,14 +314,17 @@ def first(call: dict[str, Any], split_root: str | None, build_dir: str,
         if split_wanted is not None:
             split_wanted.append(flags)
         return None
-    path = build_module(call, functions, split_root, build_dir)  # type: ignore[arg-type]
+    path = (split_cuda.build_module if cuda else build_module)(call, functions, split_root, build_dir)  # type: ignore[arg-type]
     return str(split_root), (load_module(str(call["name"]), path) if path else None)
 
 
 def again(call: dict[str, Any], split_root: str, build_dir: str) -> Any:
     """The run step: the module the compile step built (the stamp makes this a load, not a build)."""
-    functions = applies(call)
-    path = build_module(call, functions, split_root, build_dir) if functions else None
+    from sandbox import split_cuda
+
+    cuda = bool(call.get("cuda_sources"))
+    functions = split_cuda.applies(call) if cuda else applies(call)
+    path = (split_cuda.build_module if cuda else build_module)(call, functions, split_root, build_dir) if functions else None
     if path is None:
         raise RuntimeError(f"Error building extension '{call['name']}': the split build recorded for it no longer builds")
     return load_module(str(call["name"]), path)
