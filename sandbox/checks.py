@@ -41,9 +41,22 @@ def _typical(r: torch.Tensor) -> float | complex:
     if not r.numel():
         return 0.0
     if r.is_complex():  # a float64 sum of it would drop the imaginary part
-        return complex(r.mean(dtype=torch.complex128))
-    mean = float(r.sum(dtype=torch.float64)) / r.numel()
+        return complex(_wide_sum(r, torch.complex128)) / r.numel()
+    mean = float(_wide_sum(r, torch.float64)) / r.numel()
     return mean if r.is_floating_point() else float(round(mean))
+
+
+_SUM_CHUNK = 1 << 24  # elements cast at once: a 6 GiB float32 output cast whole needed 12 GiB more (H100, OOM)
+
+
+def _wide_sum(r: torch.Tensor, dtype: torch.dtype, chunk: int = _SUM_CHUNK) -> float | complex:
+    """``r.sum(dtype=dtype)`` in slices: the cast to the wide type is materialised per slice only."""
+    flat = r.reshape(-1)
+    total = 0j if dtype.is_complex else 0.0
+    for start in range(0, flat.numel(), chunk):
+        part = flat[start:start + chunk].sum(dtype=dtype)
+        total += complex(part) if dtype.is_complex else float(part)
+    return total
 
 
 def _filled(r: torch.Tensor, value: float | complex) -> torch.Tensor:
