@@ -81,6 +81,7 @@ class SandboxConfig:
     lost_worker_retries: int = MISSING     # a worker that vanished without a verdict is rerun this often
     keep_workdirs: bool = MISSING          # keep per-evaluation dirs (debugging)
     zygote_worker: bool = MISSING          # host run steps fork from a pre-imported worker (sandbox/zygote.py), not a new python
+    timing_probe: bool = MISSING           # time extra windows (order and settle effects) into wall_s; benches only
     zygote_gpu_steps: bool = MISSING       # GPU run steps fork from it too (each child starts its own CUDA)
 
 

@@ -17,6 +17,7 @@ _perf_counter = time.perf_counter  # captured before any answer exists anywhere 
 _BIG_INPUTS = 4 << 30   # inputs above this get one timing buffer instead of timing_input_sets
 _MAX_POISON = 8 << 30   # NaN-filled memory freed before a candidate call: outputs are usually <= 2x inputs
 _WARM_S = 0.05          # seconds of the judge's own GPU work before each timing loop
+_PROBE_SETTLE_S = 0.5   # timing_probe: how long the reference waits before its settled window
 
 
 class RunStep(InputSets):
@@ -128,6 +129,8 @@ class RunStep(InputSets):
         t = _perf_counter()
         new_ms, spread = self._time(self.cand, check=True)
         wall["timing"] = round(_perf_counter() - t, 3)
+        if req.timing_probe:
+            self._probe(wall, before_kill=True)
         wall["round_trip_ms"] = self._round_trip_ms()
         ref_ms = req.ref_runtime_ms or (self.gate.ref_ms if self.gate is not None else None)
         # A known reference time never credits a win: an answer that looks faster than it is paired
@@ -142,6 +145,8 @@ class RunStep(InputSets):
             ref_ms, self.result["ref_runtime_spread"] = self._time(self.ref, check=False)
             self.measured_ref_ms = ref_ms
             wall["ref_timing"] = round(_perf_counter() - t, 3)
+            if req.timing_probe:
+                self._probe(wall, before_kill=False)
         if req.device.startswith("cuda"):  # the judge's share of the task's footprint (admission)
             import torch
 
@@ -384,6 +389,20 @@ class RunStep(InputSets):
             worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, r)
             self.result["trials_passed"] = i + 1
         self.result.update(correct=True, max_abs_err=worst_abs, max_rel_err=worst_rel)
+
+    def _probe(self, wall: dict[str, Any], before_kill: bool) -> None:
+        """``timing_probe`` (benches only): more timed windows, to tell the order of the windows from
+        the candidate's kill. Before the kill: the reference while the candidate still lives (so an
+        answer's leftovers could slow it: never used for a speedup), then the candidate again.
+        After the reference's own window: the reference again at once, and once more after a
+        settle of ``_PROBE_SETTLE_S``."""
+        if before_kill:
+            wall["probe_ref_alive_ms"] = round(self._time(self.ref, check=False)[0], 6)
+            wall["probe_cand_again_ms"] = round(self._time(self.cand, check=False)[0], 6)
+            return
+        wall["probe_ref_again_ms"] = round(self._time(self.ref, check=False)[0], 6)
+        time.sleep(_PROBE_SETTLE_S)
+        wall["probe_ref_settled_ms"] = round(self._time(self.ref, check=False)[0], 6)
 
     def _time(self, r: Runner, check: bool) -> tuple[float, float]:
         """Median milliseconds of ``runs`` calls timed here (after ``warmup`` calls), each on values

@@ -71,6 +71,7 @@ class StepRequest:
     call_limit_s: float | None = None     # one call of the candidate, at most (None: the step's limit only)
     timeout_s: float = 0.0
     timed: bool = False
+    timing_probe: bool = False     # extra timed windows reported in wall_s (probe_*_ms), never in the speedup
     pch_root: str | None = None
     narrow_header_dir: str | None = None
     split_root: str | None = None  # trusted parts of the split C++ build (sandbox/split_build.py)

@@ -72,3 +72,18 @@ async def test_reference_times_are_per_pool_and_the_fastest_of_the_first_steps(s
     async with SandboxPool(sandbox_cfg) as pool:   # the same cache_dir
         later = await pool.evaluate(task, _SLOW + "\n# later\n", "cpu")
     assert later.correct and "ref_timing" in later.wall_s, later.wall_s
+
+
+async def test_the_timing_probe_reports_its_windows_and_leaves_the_speedup_alone(sandbox_cfg):
+    """``timing_probe`` (benches only, bench.timing_order): the step also times the reference while the
+    candidate lives, the candidate again, the reference again and after a settle, into wall_s; the
+    credited speedup is still the candidate against the reference timed after the kill."""
+    cfg = dataclasses.replace(sandbox_cfg, timing_probe=True, reference_per_step=True)
+    async with SandboxPool(cfg) as pool:
+        res = await pool.evaluate(ADD, _SAME, "cpu")
+    assert res.correct and res.timed, res
+    probes = {k: res.wall_s.get(k) for k in ("probe_ref_alive_ms", "probe_cand_again_ms", "probe_ref_again_ms",
+                                             "probe_ref_settled_ms")}
+    assert all(isinstance(v, float) and v > 0 for v in probes.values()), probes
+    assert res.speedup == res.ref_runtime_ms / res.new_runtime_ms
+    assert res.ref_runtime_ms not in probes.values() and res.wall_s["ref_timing"] > 0
