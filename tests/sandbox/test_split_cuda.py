@@ -341,9 +341,10 @@ def test_an_answer_naming_an_sbx_symbol_fails_the_build(tmp_path):
 # --- real compiles (nvcc and g++; CPU torch: no link) ------------------------------------------------
 
 @pytest.fixture(scope="module")
-def trusted(tmp_path_factory) -> Path:
-    """The split build's trusted parts for the flag set CUDA answers use (none): library and min PCH."""
-    root = tmp_path_factory.mktemp("cuda_split") / "split"
+def trusted(split_cache) -> Path:
+    """The split build's trusted parts for the flag set CUDA answers use (none): the session's
+    library (tests/sandbox/conftest.py ``split_cache``) and a min PCH for no flags beside its own."""
+    root = split_cache / "split"
     split_build.build_trusted(root, [])
     return root
 
