@@ -54,6 +54,10 @@ async def amain(args: Any) -> int:
     t0 = time.monotonic()
     progress = _Progress(len(wanted), t0)
     overrides: dict[str, Any] = {"compile_workers": args.compile_workers}
+    if args.set:  # e.g. zygote_gpu_steps=true: the red team against a setting before it is a default
+        from omegaconf import OmegaConf
+
+        overrides.update(OmegaConf.to_container(OmegaConf.from_dotlist(args.set)))
     if queue:  # room for every answer in flight, a victim beside one of them, and a correct answer
         overrides["max_concurrent"] = parallel + 2
     if gpu:
@@ -96,7 +100,7 @@ async def amain(args: Any) -> int:
                "unexpected": [r["answer"] for r in rows if not r["as_expected"] and not r["known_hole"]],
                "host_after": host, "follow": "each" if follow_each else "needed", "parallel": parallel,
                "schedule": "queue" if queue else "groups",
-               "adaptive_stale_cheat": adaptive, "wall_s": round(wall, 1)}
+               "adaptive_stale_cheat": adaptive, "wall_s": round(wall, 1), "sandbox_set": args.set}
     md = table([{"answer": r["answer"], "what it tries": _cell(r["tries"], 110), "expected": _cell(r["expected"]),
                  "got": _cell(r["got"]), "reason": _cell(r["reason"], 110)}
                 | {"as expected": "yes" if r["as_expected"] else ("no (known hole)" if r["known_hole"] else "NO")}
@@ -246,6 +250,7 @@ def arguments() -> Any:
                    help="queue schedule: the timing-bound answers run after the rest, this many at a time "
                         "(0: in the queue with the rest)")
     p.add_argument("--compile-workers", type=int, default=2, help="the pool's compile_workers")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="sandbox config override")
     p.add_argument("--budget", type=float, default=float("inf"),
                    help="seconds after which no answer is started (reported as not run)")
     p.add_argument("--answer-timeout", type=float, default=300.0,

@@ -18,8 +18,12 @@ zygote's memory holds of earlier steps is their environment (paths, markers), ne
 
 Host steps use it (cpu, and triton through its interpreter); GPU run steps too where
 ``zygote_gpu_steps`` is on: a GPU step's processes start CUDA themselves, which is sound in a child
-of a process that never loaded the CUDA driver, and the zygote checks exactly that (and that it is
-still one thread) before every fork. Compile and probe steps keep a fresh worker.
+of a process that never *started* the CUDA driver. Loading libcuda is not starting it (torch 2.11
+maps it at import on the H100 machine): the driver's state (its threads, the device files
+/dev/nvidia*, their memory mappings) comes from ``cuInit``, and that is what a child must not
+inherit. The zygote reports whether it has a /dev/nvidia* file open or mapped (and that it is still
+one thread, checked before every fork); a zygote that has serves no GPU step. Compile and probe
+steps keep a fresh worker.
 
 Hand-written, not ``multiprocessing``'s forkserver: that one unpickles what its client sends and
 runs a Python target with its own descriptor and resource-tracker conventions, while a child here
@@ -73,10 +77,26 @@ def fork_safe() -> str | None:
 
 
 def driver_loaded() -> bool:
-    """Whether the CUDA driver library is mapped here: a child that starts CUDA must come from a
-    process without it (the pool forks GPU steps only from a zygote that reported False)."""
+    """Whether the CUDA driver library is mapped here (reported, not a reason to refuse: see
+    :func:`driver_started`)."""
     with open("/proc/self/maps") as maps:
         return any("libcuda.so" in line for line in maps)
+
+
+def driver_started(device_prefix: str = "/dev/nvidia") -> bool:
+    """Whether this process has started the GPU driver: one of its device files open or mapped
+    (``cuInit`` opens /dev/nvidiactl and /dev/nvidia<N> and maps them; loading libcuda does
+    neither). A child that starts CUDA must come from a process where this is False (the pool
+    forks GPU steps only from a zygote that reported so)."""
+    fd_dir = "/proc/self/fd"
+    for name in os.listdir(fd_dir):
+        try:
+            if os.readlink(os.path.join(fd_dir, name)).startswith(device_prefix):
+                return True
+        except OSError:   # the listing's own descriptor, closed by now
+            continue
+    with open("/proc/self/maps") as maps:
+        return any(device_prefix in line for line in maps)
 
 
 def serve(ctl: socket.socket) -> int:
@@ -87,7 +107,7 @@ def serve(ctl: socket.socket) -> int:
     if problem:
         _send(ctl, {"error": f"the zygote cannot fork safely: {problem}"})
         return 1
-    _send(ctl, {"ready": os.getpid(), "driver": driver_loaded()})
+    _send(ctl, {"ready": os.getpid(), "driver": driver_started(), "libcuda": driver_loaded()})
     children: dict[int, int] = {}  # pidfd -> pid
     while True:
         ready, _, _ = select.select([ctl.fileno(), *children], [], [])
@@ -241,7 +261,7 @@ class Zygote:
         self.proc: asyncio.subprocess.Process | None = None
         self.ctl: socket.socket | None = None
         self.alive = False
-        self.driver = True   # whether it has the CUDA driver loaded (its ready message says): no GPU steps then
+        self.driver = True   # whether it has started the GPU driver (its ready message says): no GPU steps then
         self._ready: asyncio.Future | None = None
         self._spawns: dict[int, asyncio.Future] = {}
         self._exits: dict[int, asyncio.Future] = {}
@@ -378,8 +398,8 @@ class Zygotes:
 
     async def fork(self, env: dict[str, str], cwd: str, passed: list[int], gpu: bool = False) -> ForkedWorker | None:
         """A child of the zygote of ``env``'s start environment (started on first use), or None: the
-        step then starts a fresh worker. ``gpu``: the step starts CUDA, which needs a zygote without
-        the CUDA driver loaded."""
+        step then starts a fresh worker. ``gpu``: the step starts CUDA, which needs a zygote that has
+        not started the GPU driver."""
         key = tuple(sorted((k, v) for k, v in env.items() if k not in PER_STEP_ENV))
         async with self._lock:
             zygote = self.by_env.get(key)
@@ -406,7 +426,7 @@ class Zygotes:
         if gpu and zygote.driver:
             if key not in self.warned_driver:
                 self.warned_driver.add(key)
-                log.warning("sandbox: the zygote's imports loaded the CUDA driver; GPU steps start fresh workers")
+                log.warning("sandbox: the zygote's imports started the GPU driver; GPU steps start fresh workers")
             return None
         try:
             return await zygote.spawn(env, cwd, passed)

@@ -130,9 +130,10 @@ async def test_zygote_children_cannot_find_the_step_key(zygote_cfg, monkeypatch)
     await verdict_line.test_the_key_is_nowhere_the_candidate_can_read(zygote_cfg, monkeypatch)
 
 
-def test_the_zygote_reports_a_loaded_cuda_driver(tmp_path):
-    # GPU steps fork only from a zygote without the CUDA driver mapped (a child that starts CUDA must
-    # not inherit one): the check reads the process's mappings, so a library of that name counts
+def test_a_loaded_driver_library_is_not_a_started_driver(tmp_path):
+    # GPU steps fork only from a zygote that has not started the GPU driver. Mapping a library named
+    # libcuda (what `import torch` does on some machines) is reported but is not starting it; an
+    # open device file is (cuInit opens /dev/nvidiactl): here a file under a stand-in prefix
     import subprocess
     import sys
 
@@ -140,10 +141,15 @@ def test_the_zygote_reports_a_loaded_cuda_driver(tmp_path):
     src = tmp_path / "stub.c"
     src.write_text("int sbx_test_symbol(void) { return 1; }\n")
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
-    code = ("import ctypes, sys\nfrom sandbox.zygote import driver_loaded\nbefore = driver_loaded()\n"
-            f"ctypes.CDLL({str(lib)!r})\nprint(before, driver_loaded())\n")
+    dev = tmp_path / "nvidiactl"
+    dev.write_text("")
+    prefix = str(tmp_path / "nvidia")
+    code = ("import ctypes, sys\nfrom sandbox.zygote import driver_loaded, driver_started\n"
+            f"row = [driver_loaded(), driver_started({prefix!r})]\n"
+            f"ctypes.CDLL({str(lib)!r})\nrow += [driver_loaded(), driver_started({prefix!r})]\n"
+            f"f = open({str(dev)!r})\nrow += [driver_started({prefix!r}), driver_started()]\nprint(*row)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["False", "True"], out
+    assert out.split() == ["False", "False", "True", "False", "True", "False"], out
 
 
 @pytest.mark.gpu

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Kevin in miniature on one GPU, in one device call: a real pretrained code model (joined by
+# bench/device_model.sh to /tmp/models/NAME), the generated kernel corpus (KernelBench's held-out
+# tasks and shapes left out), an SFT warm start on it, then multi-turn GRPO+ with vLLM and one_off
+# pipelining on KernelBench level-1 train tasks (cuda backend, full sizes), until the call's limit.
+#
+#   bash bench/device_kevin_mini.sh [NAME=qwen2.5-coder-1.5b-instruct] [extra pipeline.main overrides]
+#
+# Env: LIMIT (s, whole script, default 570), SFT=0 skips the warm start (RL from the base model),
+# SFT_EPOCHS (2), SFT_LR (1e-5), TASKS (comma-separated train task ids; default the elementwise
+# level-1 train tasks of KernelBench's split at holdout_frac 0.2, seed 0). Needs .devpkgs, the vLLM
+# bundle at /tmp/vsite and .kb/KernelBench. Writes under $OUT: corpus.log, sft.log, rl.log,
+# metrics.jsonl (copied every 15 s, so a call cut at its limit still returns its steps),
+# timeline.{jsonl,png}.
+set -u
+name=${1:-qwen2.5-coder-1.5b-instruct}
+[ $# -gt 0 ] && shift
+out=${OUT:-/tmp/kevin_out}
+mkdir -p "$out"
+t_start=$SECONDS
+LIMIT=${LIMIT:-570}
+if [ -d .devpkgs ]; then bash .devpkgs/install.sh >/dev/null 2>&1 || echo "devpkgs install failed"; fi
+. bench/device_env.sh
+model=/tmp/models/$name
+[ -f "$model/config.json" ] || { echo "no $model: run bench/device_model.sh join $name first"; exit 2; }
+TASKS=${TASKS:-L1/5_Matrix_scalar_multiplication,L1/19_ReLU,L1/20_LeakyReLU,L1/21_Sigmoid,L1/25_Swish,L1/26_GELU_,L1/27_SELU_,L1/28_HardSigmoid,L1/29_Softplus,L1/31_ELU}
+work=/tmp/kevin
+mkdir -p "$work"
+left() { echo $((LIMIT - (SECONDS - t_start))); }
+
+python3 -m rewards.corpus.generate --out "$work/corpus" --backend cuda --tasks .kb/KernelBench >"$out/corpus.log" 2>&1
+tail -n 2 "$out/corpus.log"
+start=$model
+if [ "${SFT:-1}" = 1 ]; then
+  t0=$SECONDS
+  if [ ! -f "$work/sft/model/config.json" ]; then
+    timeout -k 10 $(( $(left) - 240 )) python3 -m pipeline.sft +experiment=kernel_sft model=local \
+      model.path="$model" resources=one_gpu reward=kernel_cuda reward.tasks="$work/corpus" reward.holdout_frac=0 \
+      sft.data="$work/corpus/sft.jsonl" sft.epochs=${SFT_EPOCHS:-2} trainer.optim.lr=${SFT_LR:-1e-5} \
+      sft.output_dir="$work/sft" logger=console hydra.run.dir="$work/sft_run" >"$out/sft.log" 2>&1
+    echo "sft rc=$? in $((SECONDS - t0)) s"
+    grep -E "^\[sft\]|Error|error:" "$out/sft.log" | cut -c1-300 | tail -n 12
+  fi
+  [ -f "$work/sft/model/config.json" ] && start=$work/sft/model
+fi
+echo "RL from $start, $(left) s left"
+run=$work/rl
+( while sleep 15; do cp -f "$run/metrics.jsonl" "$out/" 2>/dev/null; done ) &
+copier=$!
+# the GPU: the engine 0.25, the trainer 0.40 (a 1.5B's full fine-tune peaks ~29 GB), the kernel
+# evaluations the rest; 4 tasks x 4 trajectories x 4 turns a step
+timeout -k 15 $(( $(left) - 20 )) python3 -m pipeline.main +experiment=kernel_multiturn_qwen1p5b \
+  model.path="$start" reward.tasks=.kb/KernelBench reward.levels=[1] "reward.task_ids=[${TASKS}]" \
+  resources.sampler.gpu_memory_fraction=0.25 resources.trainer.gpu_memory_fraction=0.4 \
+  rollout.n_trajectories=4 pipeline.tasks_per_batch=4 rollout.max_response_length=2048 \
+  sandbox.compile_workers=8 sandbox.max_jobs=2 sandbox.gpu_max_steps=1 sandbox.cache_dir="$work/build_cache" \
+  pipeline.heartbeat_s=30 logger=console hydra.run.dir="$run" "$@" >"$out/rl.log" 2>&1
+rc=$?
+kill "$copier" 2>/dev/null
+echo "rl rc=$rc after $((SECONDS - t_start)) s"
+grep -E "Error|error:|Traceback" "$out/rl.log" | cut -c1-300 | tail -n 10
+grep -E "^\[pipeline\]|^\[step " "$out/rl.log" | cut -c1-400 | tail -n 30
+for f in metrics.jsonl timeline.png timeline.jsonl; do [ -f "$run/$f" ] && cp "$run/$f" "$out/"; done
+exit $rc
