@@ -94,7 +94,11 @@ def test_answers_per_task_launches_a_group_of_distinct_answers_to_each_task(kb_r
     assert all(r["verdict"] == "correct" and not r["cache_hit"] for r in recs.values()), recs
     learned = [r for r in recs.values() if "ref_known_ms" not in r["wall_s"]]
     assert sum("ref_timing" in r["wall_s"] for r in learned) <= 1, recs
-    assert len({r["ref_ms"] for r in learned}) == 1, recs
+    # an answer that learned the time uses one some step of the group measured: the first sample's,
+    # or a faster one that an answer looking faster than it measured beside itself (it replaces it)
+    measured = {r["ref_ms"] for r in recs.values() if "ref_timing" in r["wall_s"]}
+    assert all(r["ref_ms"] in measured for r in learned), recs
+    assert len({r["ref_ms"] for r in learned}) == 1 or any("ref_known_ms" in r["wall_s"] for r in recs.values()), recs
     assert data["summary"]["pool_stats"]["evaluations"] == 3
 
 
