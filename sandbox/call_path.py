@@ -258,7 +258,12 @@ def bind(sock: socket.socket, role: str, device: str, fence: Callable[[], Any],
                 _close(fd)
             raise
         reply: dict[str, Any] = {"ok": True, "outputs": descs}
-        if _peak is not None:
+        # only where the judge asks (never in a timed call): torch.cuda.max_memory_allocated builds
+        # the allocator's whole stats dict, work only the reference's calls did on the clock. On the
+        # H100 (2026-12-07, bench.timing_order) the reference's own copy ran 0.38-0.42 ms as the
+        # candidate and 0.50-0.58 ms as the reference in every window, alive or after the kill: an
+        # asymmetry of the runners, not of the order; this was the one found in the call path
+        if _peak is not None and msg.get("peak") is True:
             reply["peak_bytes"] = _int(_peak())
         return reply, fds
 

@@ -244,7 +244,10 @@ class RunStep(InputSets):
                 deadline = min(deadline, own)
             self._first_call = False
         try:
-            msg, fds = r.ask("call", deadline, set=k)
+            # the reference's peak memory (admission) only from calls off the clock: asking for it
+            # is work inside the call that the candidate's calls do not do (sandbox/call_path.py)
+            peak = {"peak": True} if r is self.ref and stage != "timing" else {}
+            msg, fds = r.ask("call", deadline, set=k, **peak)
         except Lost as lost:
             if lost.kind == "timeout" and own is not None and deadline == own:
                 raise Lost("timeout", f"one call of the answer did not finish within {limit:.0f} s, "

@@ -87,3 +87,38 @@ async def test_the_timing_probe_reports_its_windows_and_leaves_the_speedup_alone
     assert all(isinstance(v, float) and v > 0 for v in probes.values()), probes
     assert res.speedup == res.ref_runtime_ms / res.new_runtime_ms
     assert res.ref_runtime_ms not in probes.values() and res.wall_s["ref_timing"] > 0
+
+
+def test_the_reference_reports_its_peak_memory_only_from_calls_off_the_clock():
+    # A reference runner on a GPU reports its forward's peak memory (for admission), which costs it
+    # a walk over the allocator's stats: work the candidate's calls never do. Inside a timed call
+    # it would slow the reference alone and credit every answer a little speedup, so the runner
+    # reports it only where the judge asks (sandbox/run_step.py asks outside the timing stage).
+    import os
+    import socket
+    import time
+
+    import torch
+
+    from sandbox import call_path, share
+
+    ours, theirs = socket.socketpair()
+    state = {"model": lambda x: x * 2, "tensors": {0: [torch.ones(4)]}, "inputs": {}, "held": []}
+    serve = call_path.bind(theirs, "reference", "cuda", lambda: None, lambda *a: ({"ok": True}, []))
+    pid = os.fork()
+    if pid == 0:  # the runner's loop exits its process when the judge's side closes
+        ours.close()
+        serve(state)
+    theirs.close()
+    chan = share.Channel(ours)
+    replies = []
+    for payload in ({}, {"peak": True}):
+        chan.send({"op": "call", "set": 0, **payload})
+        msg, fds = chan.recv(time.monotonic() + 30)
+        share._close_all(fds)
+        replies.append(msg)
+    chan.send({"op": "stop"})
+    os.waitpid(pid, 0)
+    ours.close()
+    assert replies[0]["ok"] and "peak_bytes" not in replies[0], replies
+    assert replies[1]["ok"] and isinstance(replies[1]["peak_bytes"], int), replies
