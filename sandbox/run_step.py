@@ -38,10 +38,13 @@ class RunStep(InputSets):
         from sandbox import protocol
 
         req = self.req
+        t = _perf_counter()
         self.task = protocol.load_task(req.task_src, req.workdir)
+        self.result["wall_s"]["task_load"] = round(_perf_counter() - t, 3)
         # where glibc keeps the allocation poison: the same address in the runners, forks of this process
         self.poison_at = host_poison.locate()
         # both runners before CUDA starts here: a fork after CUDA init breaks CUDA in the child
+        self._t_fork = _perf_counter()
         self.ref = Runner.fork("reference", req, self.task)
         self.cand = Runner.fork("candidate", req, self.task)
         try:
@@ -78,6 +81,8 @@ class RunStep(InputSets):
         prep_deadline = time.monotonic() + float(req.timeout_s)
         if req.starts_cuda_early():  # no gate: the GPU is this step's; CUDA starts here as in the runners
             protocol.start_cuda(req.device)
+        t = _perf_counter()
+        wall["judge_start"] = round(t - self._t_fork, 3)   # the runners forked, CUDA started here where early
         for r in (self.ref, self.cand):
             msg, _ = r.reply("ready", prep_deadline)
             if r is self.cand:  # sent before any answer code was imported there
@@ -87,9 +92,14 @@ class RunStep(InputSets):
                 reported = msg.get("isolation")
                 self.result["candidate_isolation"] = [m for m in reported if isinstance(m, str)] \
                     if isinstance(reported, list) else []
+        # the runners' start (fork, their confinement, CUDA where it starts early), past the judge's own
+        wall["runners_ready"] = round(_perf_counter() - t, 3)
         device = None
         if self.gate is not None:
-            waited, device = self.gate.wait(self._footprint(), self._warm)
+            t = _perf_counter()
+            footprint = self._footprint()
+            wall["footprint"] = round(_perf_counter() - t, 3)
+            waited, device = self.gate.wait(footprint, self._warm)
             wall["device_wait"] = round(waited, 3)
         if device is not None and req.device.startswith("cuda"):
             os.environ["CUDA_VISIBLE_DEVICES"] = str(device)
