@@ -95,6 +95,16 @@ def table(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None = None) 
     return "\n".join(out)
 
 
+def set_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` pairs (repeatable) as a dict of sandbox config overrides, typed as
+    OmegaConf reads them (``true`` a bool, ``8`` an int)."""
+    if not pairs:
+        return {}
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.from_dotlist(list(pairs)))  # type: ignore[return-value]
+
+
 def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--out", default=None, help="write the results as JSON to this file")

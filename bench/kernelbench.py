@@ -26,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.common import fmt, machine, percentile, table
+from bench.common import fmt, machine, percentile, set_overrides, table
 
 SELF_CANDIDATE = "\n\n# bench.kernelbench self-test: the reference is its own candidate\nclass ModelNew(Model):\n    pass\n"
 BIG_BYTES = 10**9          # "inputs over 1 GB": such tasks also share --max-big run slots (host RAM)
@@ -102,11 +102,9 @@ def inspect_task(rec: dict[str, Any]) -> None:
 
 
 def sandbox_config(args: argparse.Namespace) -> Any:
-    from omegaconf import OmegaConf
-
     from sandbox.config import load_default_config
 
-    overrides: dict[str, Any] = OmegaConf.to_container(OmegaConf.from_dotlist(args.set)) if args.set else {}
+    overrides = set_overrides(args.set)
     overrides["backend"] = args.backend
     if args.max_concurrent:
         overrides["max_concurrent"] = args.max_concurrent

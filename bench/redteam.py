@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine, parser, table
+from bench.common import machine, parser, set_overrides, table
 
 
 async def amain(args: Any) -> int:
@@ -54,10 +54,8 @@ async def amain(args: Any) -> int:
     t0 = time.monotonic()
     progress = _Progress(len(wanted), t0)
     overrides: dict[str, Any] = {"compile_workers": args.compile_workers}
-    if args.set:  # e.g. zygote_gpu_steps=true: the red team against a setting before it is a default
-        from omegaconf import OmegaConf
-
-        overrides.update(OmegaConf.to_container(OmegaConf.from_dotlist(args.set)))
+    # --set, e.g. zygote_gpu_steps=true: the red team against a setting before it is a default
+    overrides.update(set_overrides(args.set))
     if queue:  # room for every answer in flight, a victim beside one of them, and a correct answer
         overrides["max_concurrent"] = parallel + 2
     if gpu:
