@@ -35,22 +35,17 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 def rates(rows: list[dict[str, Any]], turns: int) -> dict[str, Any]:
     """The issue's per-model figures from sample rows (``task``, ``traj``, ``turn`` from 0,
-    ``compiled``, ``correct``, ``speedup``)."""
-    n = len(rows)
-    if not n:
+    ``compiled``, ``correct``, ``speedup``): bench.model_baseline's rates under the issue's names."""
+    from bench.model_baseline import row_rates
+
+    every = row_rates(rows)
+    if not every["n"]:
         return {"n": 0}
-    correct = [r for r in rows if r.get("correct")]
-    speeds = [float(r["speedup"]) for r in correct if r.get("speedup") is not None]
-    per_turn = []
-    for t in range(turns):
-        rs = [r for r in rows if r["turn"] == t]
-        per_turn.append(sum(bool(r.get("correct")) for r in rs) / len(rs) if rs else None)
-    return {"n": n, "tasks": len({r["task"] for r in rows}),
-            "correct_rate": len(correct) / n,
-            "fast1": sum(1 for s in speeds if s > 1.0) / n,
-            "compiled_rate": sum(bool(r.get("compiled")) for r in rows) / n,
-            "mean_speedup_correct": sum(speeds) / len(speeds) if speeds else None,
-            "per_turn_correct": per_turn}
+    per_turn = [row_rates([r for r in rows if r["turn"] == t]) for t in range(turns)]
+    return {"n": every["n"], "tasks": len({r["task"] for r in rows}),
+            "correct_rate": every["correct"], "fast1": every["fast_1"], "compiled_rate": every["compiled"],
+            "mean_speedup_correct": every["mean_speedup_correct"],
+            "per_turn_correct": [p["correct"] if p["n"] else None for p in per_turn]}
 
 
 def _by_task(rows: list[dict[str, Any]]) -> dict[str, list[tuple[int, int]]]:

@@ -156,26 +156,29 @@ def select(env: Any, a: argparse.Namespace) -> list[Any]:
     return tasks
 
 
+def row_rates(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-sample rates over sample rows as :func:`sample_row` writes them (a row without an outcome
+    counts as nothing parsed, compiled or correct); bench.kevin_mini reads the same rows back."""
+    n = len(rows)
+    if not n:
+        return {"n": 0}
+    speeds = [float(r["speedup"]) for r in rows if r.get("correct") and r.get("speedup") is not None]
+    return {"n": n,
+            "parsed": sum(bool(r.get("parse_ok")) for r in rows) / n,
+            "compiled": sum(bool(r.get("compiled")) for r in rows) / n,
+            "correct": sum(bool(r.get("correct")) for r in rows) / n,
+            "fast_1": sum(1 for s in speeds if s > 1.0) / n,
+            "mean_speedup_correct": sum(speeds) / len(speeds) if speeds else None,
+            "max_speedup_correct": max(speeds) if speeds else None,
+            "truncated": sum(r.get("finish") == "length" for r in rows) / n,
+            "mean_response_tokens": sum(r.get("response_tokens", 0) for r in rows) / n}
+
+
 def sample_rates(samples: list[Any], turns: int) -> dict[str, Any]:
     """Per-sample rates over every scored turn, per turn, the error kinds and speedups."""
-    def rates(ss: list[Any]) -> dict[str, float]:
-        n = len(ss)
-        if not n:
-            return {"n": 0}
-        o = [_outcome(s) for s in ss]
-        speeds = [float(x.speedup) for x in o if x.correct and x.speedup is not None]
-        return {"n": n,
-                "parsed": sum(x.parse_ok for x in o) / n,
-                "compiled": sum(x.compiled for x in o) / n,
-                "correct": sum(x.correct for x in o) / n,
-                "fast_1": sum(1 for x in o if x.correct and float(x.speedup or 0) > 1.0) / n,
-                "mean_speedup_correct": sum(speeds) / len(speeds) if speeds else None,
-                "max_speedup_correct": max(speeds) if speeds else None,
-                "truncated": sum(s.finish_reason == "length" for s in ss) / n,
-                "mean_response_tokens": sum(len(s.response_ids) for s in ss) / n}
-
-    out: dict[str, Any] = {"all": rates(samples)}
-    out["per_turn"] = {str(t + 1): rates([s for s in samples if s.turn == t]) for t in range(turns)}
+    rows = [sample_row(s) for s in samples]
+    out: dict[str, Any] = {"all": row_rates(rows)}
+    out["per_turn"] = {str(t + 1): row_rates([r for r in rows if r["turn"] == t]) for t in range(turns)}
     kinds = Counter(str(o.error_kind or ("correct" if o.correct else "none"))
                     for o in map(_outcome, samples))
     out["error_kinds"] = dict(kinds.most_common())
