@@ -45,20 +45,16 @@ if [ "${SFT:-1}" = 1 ]; then
 fi
 echo "RL from $start, $(left) s left"
 run=$work/rl
-( while sleep 15; do cp -f "$run/metrics.jsonl" "$out/" 2>/dev/null; done ) &
-copier=$!
 # the GPU: the engine 0.25, the trainer 0.40 (a 1.5B's full fine-tune peaks ~29 GB), the kernel
-# evaluations the rest; 4 tasks x 4 trajectories x 4 turns a step
-timeout -k 15 $(( $(left) - 20 )) python3 -m pipeline.main +experiment=kernel_multiturn_qwen1p5b \
+# evaluations the rest; 4 tasks x 4 trajectories x 4 turns a step; the curve reaches $OUT every 15 s
+run_copying "$run" "$out" "$out/rl.log" $(( $(left) - 20 )) python3 -m pipeline.main +experiment=kernel_multiturn_qwen1p5b \
   model.path="$start" reward.tasks=.kb/KernelBench reward.levels=[1] "reward.task_ids=[${TASKS}]" \
   resources.sampler.gpu_memory_fraction=0.25 resources.trainer.gpu_memory_fraction=0.4 \
   rollout.n_trajectories=4 pipeline.tasks_per_batch=4 rollout.max_response_length=2048 \
   sandbox.compile_workers=8 sandbox.max_jobs=2 sandbox.gpu_max_steps=1 sandbox.cache_dir="$work/build_cache" \
-  pipeline.heartbeat_s=30 logger=console hydra.run.dir="$run" "$@" >"$out/rl.log" 2>&1
+  pipeline.heartbeat_s=30 logger=console hydra.run.dir="$run" "$@"
 rc=$?
-kill "$copier" 2>/dev/null
 echo "rl rc=$rc after $((SECONDS - t_start)) s"
 grep -E "Error|error:|Traceback" "$out/rl.log" | cut -c1-300 | tail -n 10
 grep -E "^\[pipeline\]|^\[step " "$out/rl.log" | cut -c1-400 | tail -n 30
-for f in metrics.jsonl timeline.png timeline.jsonl; do [ -f "$run/$f" ] && cp "$run/$f" "$out/"; done
 exit $rc

@@ -60,16 +60,11 @@ if [ "${WARM_ONLY:-0}" = 1 ]; then
   exit $rc
 fi
 rm -rf "$run"
-# the curve so far reaches $OUT every 15 s: a call cut by its own limit (or a machine taken back
-# after the limit) still returns the steps it finished
-( while sleep 15; do cp -f "$run/metrics.jsonl" "$out/" 2>/dev/null; done ) &
-copier=$!
-timeout -k 15 "$LIMIT" python3 -m pipeline.main "${args[@]}" hydra.run.dir=$run >"$out/sft_rl.log" 2>&1
+# the curve so far reaches $OUT every 15 s (bench/device_env.sh run_copying)
+run_copying "$run" "$out" "$out/sft_rl.log" "$LIMIT" python3 -m pipeline.main "${args[@]}" hydra.run.dir=$run
 rc=$?
-kill "$copier" 2>/dev/null
 echo "sft_rl rc=$rc"
 grep -E "Error|error:|Traceback" "$out/sft_rl.log" | cut -c1-300 | tail -n 12
 grep -E "^\[sft\]|^\[pipeline\]|^\[step " "$out/sft_rl.log" | cut -c1-400 | tail -n 40
-for f in metrics.jsonl timeline.png timeline.jsonl; do [ -f "$run/$f" ] && cp "$run/$f" "$out/"; done
 ls /tmp/warm_start/*/run 2>/dev/null | head
 exit $rc
