@@ -77,8 +77,8 @@ def fork_safe() -> str | None:
 
 
 def driver_loaded() -> bool:
-    """Whether the CUDA driver library is mapped here (reported, not a reason to refuse: see
-    :func:`driver_started`)."""
+    """Whether the CUDA driver library is mapped here (a diagnostic for benches and tests, not a
+    reason to refuse a GPU fork: see :func:`driver_started`)."""
     with open("/proc/self/maps") as maps:
         return any("libcuda.so" in line for line in maps)
 
@@ -107,7 +107,7 @@ def serve(ctl: socket.socket) -> int:
     if problem:
         _send(ctl, {"error": f"the zygote cannot fork safely: {problem}"})
         return 1
-    _send(ctl, {"ready": os.getpid(), "driver": driver_started(), "libcuda": driver_loaded()})
+    _send(ctl, {"ready": os.getpid(), "driver": driver_started()})
     children: dict[int, int] = {}  # pidfd -> pid
     while True:
         ready, _, _ = select.select([ctl.fileno(), *children], [], [])
