@@ -7,11 +7,13 @@
 #   bash bench/device_kevin_mini.sh [NAME=qwen2.5-coder-1.5b-instruct] [extra pipeline.main overrides]
 #
 # Env: LIMIT (s, whole script, default 570), SFT=0 skips the warm start (RL from the base model),
-# SFT_EPOCHS (2), SFT_LR (1e-5), TASKS (comma-separated train task ids; default the elementwise
+# SFT_EPOCHS (2), SFT_LR (1e-5), CKPT_EVERY (3 steps; one checkpoint kept), KILL_GRACE (60 s between
+# the RL run's SIGTERM, which ends its step and checkpoints, and SIGKILL), TASKS (comma-separated train task ids; default the elementwise
 # level-1 train tasks of KernelBench's split at holdout_frac 0.2, seed 0). Needs .devpkgs, the vLLM
 # bundle at /tmp/vsite and .kb/KernelBench. Writes under $OUT: corpus.log, sft.log, rl.log,
 # metrics.jsonl (copied every 15 s, so a call cut at its limit still returns its steps),
-# timeline.{jsonl,png}.
+# timeline.{jsonl,png}. Run again on the same warm machine, it skips the SFT and the RL run resumes
+# from its latest checkpoint (resume=auto, same run dir and command).
 set -u
 name=${1:-qwen2.5-coder-1.5b-instruct}
 [ $# -gt 0 ] && shift
@@ -47,12 +49,13 @@ echo "RL from $start, $(left) s left"
 run=$work/rl
 # the GPU: the engine 0.25, the trainer 0.40 (a 1.5B's full fine-tune peaks ~29 GB), the kernel
 # evaluations the rest; 4 tasks x 4 trajectories x 4 turns a step; the curve reaches $OUT every 15 s
-run_copying "$run" "$out" "$out/rl.log" $(( $(left) - 20 )) python3 -m pipeline.main +experiment=kernel_multiturn_qwen1p5b \
+export KILL_GRACE=${KILL_GRACE:-60}
+run_copying "$run" "$out" "$out/rl.log" $(( $(left) - 20 - KILL_GRACE )) python3 -m pipeline.main +experiment=kernel_multiturn_qwen1p5b \
   model.path="$start" reward.tasks=.kb/KernelBench reward.levels=[1] "reward.task_ids=[${TASKS}]" \
   resources.sampler.gpu_memory_fraction=0.25 resources.trainer.gpu_memory_fraction=0.4 \
   rollout.n_trajectories=4 pipeline.tasks_per_batch=4 rollout.max_response_length=2048 \
   sandbox.compile_workers=8 sandbox.max_jobs=2 sandbox.gpu_max_steps=1 sandbox.cache_dir="$work/build_cache" \
-  pipeline.heartbeat_s=30 logger=console hydra.run.dir="$run" "$@"
+  pipeline.heartbeat_s=30 checkpoint.every=${CKPT_EVERY:-3} checkpoint.keep_last=1 logger=console hydra.run.dir="$run" "$@"
 rc=$?
 echo "rl rc=$rc after $((SECONDS - t_start)) s"
 grep -E "Error|error:|Traceback" "$out/rl.log" | cut -c1-300 | tail -n 10
