@@ -8,8 +8,8 @@
 #
 # Env: LIMIT (s, whole script, default 570), SFT=0 skips the warm start (RL from the base model),
 # SFT_EPOCHS (2), SFT_LR (1e-5), CKPT_EVERY (3 steps; one checkpoint kept), KILL_GRACE (60 s between
-# the RL run's SIGTERM, which ends its step and checkpoints, and SIGKILL), TASKS (comma-separated train task ids; default the elementwise
-# level-1 train tasks of KernelBench's split at holdout_frac 0.2, seed 0). Needs .devpkgs, the vLLM
+# the RL run's SIGTERM, which ends its step and checkpoints, and SIGKILL), TASKS (comma-separated
+# train task ids of KernelBench's split of levels 1-2 at holdout_frac 0.2, seed 0; default below). Needs .devpkgs, the vLLM
 # bundle at /tmp/vsite and .kb/KernelBench. Writes under $OUT: corpus.log, sft.log, rl.log,
 # metrics.jsonl (copied every 15 s, so a call cut at its limit still returns its steps),
 # timeline.{jsonl,png}. Run again on the same warm machine, it skips the SFT and the RL run resumes
@@ -25,7 +25,10 @@ if [ -d .devpkgs ]; then bash .devpkgs/install.sh >/dev/null 2>&1 || echo "devpk
 . bench/device_env.sh
 model=/tmp/models/$name
 [ -f "$model/config.json" ] || { echo "no $model: run bench/device_model.sh join $name first"; exit 2; }
-TASKS=${TASKS:-L1/5_Matrix_scalar_multiplication,L1/19_ReLU,L1/20_LeakyReLU,L1/21_Sigmoid,L1/25_Swish,L1/26_GELU_,L1/27_SELU_,L1/28_HardSigmoid,L1/29_Softplus,L1/31_ELU}
+# level-1 train tasks whose one evaluation may hold at most ~9 GB (the sandbox's estimate), so three
+# run at once in the 29 GB an H100 has left beside the engine and the trainer; the elementwise ones
+# (4096 x 393216 floats) need ~56 GB each and ran the trainer out of memory (2026-12-07)
+TASKS=${TASKS:-L1/88_MinGPTNewGelu,L1/40_LayerNorm,L1/12_Matmul_with_diagonal_matrices_,L1/2_Standard_matrix_multiplication_,L1/18_Matmul_with_transposed_both,L1/13_Matmul_for_symmetric_matrices,L1/14_Matmul_for_upper_triangular_matrices,L1/15_Matmul_for_lower_triangular_matrices,L1/8_Matmul_with_irregular_shapes_,L1/10_3D_tensor_matrix_multiplication}
 work=/tmp/kevin
 mkdir -p "$work"
 left() { echo $((LIMIT - (SECONDS - t_start))); }
@@ -39,7 +42,7 @@ if [ "${SFT:-1}" = 1 ]; then
     timeout -k 10 $(( $(left) - 240 )) python3 -m pipeline.sft +experiment=kernel_sft model=local \
       model.path="$model" resources=one_gpu reward=kernel_cuda reward.tasks="$work/corpus" reward.holdout_frac=0 \
       sft.data="$work/corpus/sft.jsonl" sft.epochs=${SFT_EPOCHS:-2} trainer.optim.lr=${SFT_LR:-1e-5} \
-      sft.output_dir="$work/sft" logger=console hydra.run.dir="$work/sft_run" >"$out/sft.log" 2>&1
+      sft.output_dir="$work/sft" trainer.gradient_checkpointing=true algorithm.micro_batch_tokens=8192 logger=console hydra.run.dir="$work/sft_run" >"$out/sft.log" 2>&1
     echo "sft rc=$? in $((SECONDS - t0)) s"
     grep -E "^\[sft\]|Error|error:" "$out/sft.log" | cut -c1-300 | tail -n 12
   fi
@@ -47,12 +50,12 @@ if [ "${SFT:-1}" = 1 ]; then
 fi
 echo "RL from $start, $(left) s left"
 run=$work/rl
-# the GPU: the engine 0.25, the trainer 0.40 (a 1.5B's full fine-tune peaks ~29 GB), the kernel
-# evaluations the rest; 4 tasks x 4 trajectories x 4 turns a step; the curve reaches $OUT every 15 s
+# the GPU as the experiment shares it (engine 0.2, trainer 0.4, kernel evaluations the rest); the
+# split of levels 1 and 2 (the corpus's and bench.model_baseline's); 4 tasks x 4 trajectories x 4
+# turns a step; the curve reaches $OUT every 15 s
 export KILL_GRACE=${KILL_GRACE:-60}
 run_copying "$run" "$out" "$out/rl.log" $(( $(left) - 20 - KILL_GRACE )) python3 -m pipeline.main +experiment=kernel_multiturn_qwen1p5b \
-  model.path="$start" reward.tasks=.kb/KernelBench reward.levels=[1] "reward.task_ids=[${TASKS}]" \
-  resources.sampler.gpu_memory_fraction=0.25 resources.trainer.gpu_memory_fraction=0.4 \
+  model.path="$start" reward.tasks=.kb/KernelBench reward.levels=[1,2] "reward.task_ids=[${TASKS}]" \
   rollout.n_trajectories=4 pipeline.tasks_per_batch=4 rollout.max_response_length=2048 \
   sandbox.compile_workers=8 sandbox.max_jobs=2 sandbox.gpu_max_steps=1 sandbox.cache_dir="$work/build_cache" \
   pipeline.heartbeat_s=30 checkpoint.every=${CKPT_EVERY:-3} checkpoint.keep_last=1 logger=console hydra.run.dir="$run" "$@"

@@ -118,7 +118,7 @@ def configs(a: argparse.Namespace) -> tuple[Any, Any, Any]:
         sb.append(f"max_concurrent={a.max_concurrent}")
     if gpu and a.engine == "vllm":
         # evaluations share the engine's GPU: reserve what vLLM leaves, and time the reference under
-        # the same load (as pipeline.resources.leave_room_for_pools does for a training run)
+        # the same load (as pipeline.evaluator_memory.leave_room_for_pools does for a training run)
         sb += [f"gpu_memory_share={round(max(0.05, 0.95 - a.gpu_memory_utilization - 0.05), 3)}",
                "reference_per_step=true"]
     sandbox = load_group(SandboxConfig, "sandbox", "default", sb + list(a.sandbox))

@@ -152,7 +152,8 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict[str, float]:
 
 def run_samples(cfg: DictConfig, run_dir: str | Path) -> tuple[list[Sample], dict[str, float]]:
     """:func:`run`, also returning every generated Sample."""
-    from pipeline.resources import init_ray, leave_room_for_pools, plan_resources
+    from pipeline.evaluator_memory import leave_room_for_pools
+    from pipeline.resources import init_ray, plan_resources
     from pipeline.sampler import SamplerGroup
 
     import ray

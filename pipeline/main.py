@@ -95,7 +95,8 @@ class Session:
         from pipeline.metrics import MetricsLogger
         from pipeline.models.load import load_tokenizer
         from pipeline.parts import LoopParts
-        from pipeline.resources import create_resource_pools, init_ray, leave_room_for_pools, route_builds
+        from pipeline.evaluator_memory import leave_room_for_pools
+        from pipeline.resources import create_resource_pools, init_ray, route_builds
         from pipeline.rollout_config import max_response_length, response_length_at
         from pipeline.sampler import SamplerGroup
         from pipeline.trainer import TrainerGroup

@@ -57,9 +57,13 @@ class KernelEnv:
             all_tasks = load_kernelbench(cfg.tasks, levels, profile=cfg.profile, skip_invalid=cfg.skip_invalid_tasks)
         if not all_tasks:
             raise ValueError(f"reward.tasks={cfg.tasks!r} levels={levels}: no tasks found")
-        if self.backend in ("cuda", "triton"):
-            all_tasks = _fitting(all_tasks, cfg.skip_invalid_tasks)
         train, holdout = split(all_tasks, cfg.holdout_frac, cfg.split_seed)
+        if self.backend in ("cuda", "triton"):
+            # after the split: a task this device cannot hold leaves its own split and moves no other
+            # task between them (the held-out set does not depend on the GPU)
+            kept = {t.id for t in _fitting(all_tasks, cfg.skip_invalid_tasks)}
+            all_tasks = [t for t in all_tasks if t.id in kept]
+            train, holdout = [t for t in train if t.id in kept], [t for t in holdout if t.id in kept]
         if cfg.task_ids:  # a chosen task set (the laptop default: tasks the answer corpus covers)
             unknown = sorted(set(cfg.task_ids) - {t.id for t in all_tasks})
             if unknown:
@@ -238,3 +242,22 @@ def _fitting(tasks: list[Task], skip_invalid: bool) -> list[Task]:
             raise err
         log.warning("skipping task: %s", err)
     return kept
+
+
+def evaluation_bytes(tasks: list[Task], sandbox_cfg: SandboxConfig) -> dict[str, int | None]:
+    """Each task's device memory one GPU evaluation of it may hold at once, by task id: the sandbox's
+    admission estimate from the task's meta-device footprint (``sandbox.footprint.step_estimate``;
+    the judge, both runners, their CUDA contexts). None where the task cannot run on the meta
+    device (its first evaluation then measures it)."""
+    from sandbox import footprint
+
+    out: dict[str, int | None] = {}
+    for task in tasks:
+        try:
+            fp = footprint.measure(task.source, task.path)
+        except Exception:  # noqa: BLE001 - an op without a meta kernel: the sandbox measures it
+            out[task.id] = None
+            continue
+        out[task.id] = footprint.step_estimate(fp, sandbox_cfg.timing_input_sets, sandbox_cfg.gpu_flush_bytes,
+                                               sandbox_cfg.poison_bytes, sandbox_cfg.gpu_context_bytes)
+    return out

@@ -18,7 +18,7 @@ from rewards.scrub import scrub  # the secret scrubber, for text the pipeline wr
 from sandbox.config import SandboxConfig  # the kernel env's sandbox schema, composed likewise
 
 __all__ = ["ENVS", "SandboxConfig", "RewardConfig", "RewardEnv", "TaskRef", "ToyEnvConfig", "Turn",
-           "TurnOutcome", "check_env_config", "env_spec", "kernel_env", "scrub"]
+           "TurnOutcome", "check_env_config", "env_spec", "evaluation_memory", "kernel_env", "scrub"]
 
 ENVS = ("kernel", "toy")  # the root config's ``env`` key: which RewardEnv the samplers build
 
@@ -119,6 +119,23 @@ def split_tasks(env: str, reward: RewardConfig, toy: ToyEnvConfig, split: str) -
 
     spec = env_spec(env, reward, None, toy)  # the toy env's arguments, or the error naming env
     return ToyEnv(**{k: v for k, v in spec.items() if k != "_target_"}).tasks(split)
+
+
+def evaluation_memory(reward: RewardConfig, sandbox: SandboxConfig) -> tuple[int, dict[str, int | None]]:
+    """The smallest visible GPU's memory in bytes (0: none visible here, nothing to check) and, by
+    task id, the bytes one GPU evaluation of each of the run's tasks (both splits) may hold at once
+    (the sandbox's admission estimate, ``rewards.env.evaluation_bytes``; None: measured only when it
+    runs), so a run whose evaluations share a GPU with its engine and trainer can be checked against
+    ``sandbox.gpu_memory_share`` before the model loads."""
+    from rewards.env import KernelEnv, evaluation_bytes
+    from sandbox.footprint import device_memory_bytes
+
+    memory = device_memory_bytes()
+    if not memory:
+        return 0, {}
+    env = KernelEnv(reward, eval_pool=None)
+    tasks = [ref.payload for split in ("train", "holdout") for ref in env.tasks(split)]
+    return min(memory), evaluation_bytes(tasks, sandbox)
 
 
 def check_env_config(env: str, reward: RewardConfig) -> None:

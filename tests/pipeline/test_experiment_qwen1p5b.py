@@ -26,6 +26,12 @@ def test_qwen1p5b_experiment_composes_to_multiturn_grpo_plus_on_vllm():
     assert cfg.rollout.max_prompt_length + cfg.rollout.max_response_length <= cfg.rollout.engine.vllm.max_model_len
     assert cfg.trainer.optim.lr == 2.0e-6 and cfg.model.warm_start is None
     assert str(cfg.model.path).endswith("qwen2.5-coder-1.5b-instruct")  # the preset's cache dir
+    # one GPU for engine, trainer and evaluations: a full fine-tune of the 1.5B within 0.4 of an H100
+    # (checkpointed, 8192-token micro-batches), and at least a third of the GPU left for evaluations,
+    # tasks whose evaluation cannot fit there left out (the split made before)
+    assert cfg.trainer.gradient_checkpointing and a.micro_batch_tokens <= 8192
+    r = cfg.resources
+    assert r.sampler.gpu_memory_fraction + r.trainer.gpu_memory_fraction <= 0.61 and cfg.reward.skip_invalid_tasks
 
 
 def test_qwen1p5b_experiment_passes_the_config_checks_but_the_machines():

@@ -83,7 +83,7 @@ def test_placement_groups_on_logical_gpus(ray_local):
 def test_evaluations_on_the_samplers_gpu_keep_out_of_the_pools_memory():
     """Where kernels are timed on the sampler's own GPU, the sandbox's share is what the engine and
     a colocated trainer leave (less 0.03 for their contexts), never its own default 0.9."""
-    from pipeline.resources import evaluator_memory_share
+    from pipeline.evaluator_memory import evaluator_memory_share
 
     one_gpu = resources(**{"sampler.gpus": 1, "trainer.gpus": 1, "sampler.gpu_memory_fraction": 0.4,
                            "trainer.gpu_memory_fraction": 0.45})
@@ -102,7 +102,7 @@ def test_evaluations_on_the_samplers_gpu_keep_out_of_the_pools_memory():
 
 def test_the_job_lowers_the_sandbox_share_or_stops_naming_the_fractions():
     from pipeline.config import ConfigError
-    from pipeline.resources import leave_room_for_pools
+    from pipeline.evaluator_memory import leave_room_for_pools
 
     def job(fs, ft, backend="cuda", evaluator_gpus=0):
         return OmegaConf.create({
@@ -125,6 +125,67 @@ def test_the_job_lowers_the_sandbox_share_or_stops_naming_the_fractions():
     assert not own.sandbox.reference_per_step
     with pytest.raises(ConfigError, match="trainer.gpu_memory_fraction=0.5"):
         leave_room_for_pools(job(0.5, 0.5), colocated=True)
+
+
+ELEMENTWISE = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+
+def get_inputs():
+    return [torch.randn(ROWS, 393216)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_task_whose_evaluation_cannot_fit_beside_the_pools_stops_the_job_or_is_left_out(monkeypatch, tmp_path):
+    """KernelBench's elementwise level-1 sizes (4096 x 393216 floats, 6 GiB a tensor) fit an 80 GB
+    GPU alone but not the 0.32 of it a vLLM engine at 0.25 and a trainer at 0.4 leave: named before
+    the model loads, or left out with reward.skip_invalid_tasks; smaller fractions let it in."""
+    from pipeline.config import ConfigError
+    from pipeline.evaluator_memory import leave_room_for_pools
+    from rewards.config import ToyEnvConfig, load_reward_config
+    from sandbox import footprint
+    from sandbox.config import load_default_config
+
+    level = tmp_path / "level1"
+    level.mkdir()
+    (level / "19_relu_big.py").write_text(ELEMENTWISE.replace("ROWS", "4096"))
+    (level / "20_relu_small.py").write_text(ELEMENTWISE.replace("ROWS", "16"))
+    monkeypatch.setattr(footprint, "device_memory_bytes", lambda: [80 * 2**30])
+
+    def job(skip=False, fs=0.25, ft=0.4):
+        reward = load_reward_config("kernel", backend="cuda", profile="full", tasks=str(tmp_path), levels=[1],
+                                    holdout_frac=0.0, skip_invalid_tasks=skip)
+        return OmegaConf.create({
+            "env": "kernel", "reward": OmegaConf.structured(reward),
+            "sandbox": OmegaConf.structured(load_default_config()), "toy": OmegaConf.structured(ToyEnvConfig),
+            "rollout": {"engine": {"type": "vllm", "vllm": {"gpu_memory_utilization": 0.85}}},
+            "resources": OmegaConf.structured(resources(**{
+                "sampler.gpus": 1, "trainer.gpus": 1, "sampler.gpu_memory_fraction": fs,
+                "trainer.gpu_memory_fraction": ft}))})
+
+    with pytest.raises(ConfigError, match=r"1 of the run's 2 tasks .*25\.6 GiB\): L1/19_relu_big 5\d\.\d GiB\. "
+                                          r".*reward\.skip_invalid_tasks=true"):
+        leave_room_for_pools(job(), colocated=True)
+    skipped = job(skip=True)
+    leave_room_for_pools(skipped, colocated=True)
+    assert list(skipped.reward.task_ids) == ["L1/20_relu_small"]
+    roomy = job(fs=0.1, ft=0.1)   # 0.77 of 80 GB: one evaluation of the large task fits
+    leave_room_for_pools(roomy, colocated=True)
+    assert list(roomy.reward.task_ids) == []
+    only_big = job(skip=True)
+    (level / "20_relu_small.py").unlink()
+    with pytest.raises(ConfigError, match="no train task's evaluation fits"):
+        leave_room_for_pools(only_big, colocated=True)
 
 
 def test_build_workers_route_each_sampler_workers_builds_to_ray_actors():

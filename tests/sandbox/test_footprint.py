@@ -57,6 +57,28 @@ def test_a_task_no_gpu_here_can_hold_is_named_at_load(monkeypatch, tmp_path):
     assert [t.task_id for t in env.tasks("train")] == ["L1/2_small"]
 
 
+def test_a_task_left_out_for_this_gpu_moves_no_other_task_between_the_splits(monkeypatch, tmp_path):
+    """The held-out set is the split of the task files, whatever GPU loads them: a task too big for
+    this one (skipped) leaves its own split only."""
+    level = tmp_path / "level1"
+    level.mkdir()
+    (level / "1_huge_matmul.py").write_text(BIG)
+    for i in range(2, 11):
+        (level / f"{i}_small.py").write_text(BIG.replace("65536", "64"))
+
+    def splits(memory):
+        monkeypatch.setattr(footprint, "device_memory_bytes", lambda: [memory])
+        cfg = load_reward_config("kernel", backend="cuda", tasks=str(tmp_path), levels=[1], holdout_frac=0.3,
+                                 skip_invalid_tasks=True)
+        env = KernelEnv(cfg, eval_pool=None)
+        return [{t.task_id for t in env.tasks(s)} for s in ("train", "holdout")]
+
+    train, holdout = splits(200 * 2**30)
+    small_train, small_holdout = splits(80 * 2**30)
+    assert "L1/1_huge_matmul" in train | holdout
+    assert small_train == train - {"L1/1_huge_matmul"} and small_holdout == holdout - {"L1/1_huge_matmul"}
+
+
 def test_a_step_is_admitted_on_at_least_what_it_holds_at_the_least():
     """The estimate a GPU run step is admitted on before its task has measured peaks (the judge
     sends the meta-device footprint with its ready): never below the bare minimum the judge and both
