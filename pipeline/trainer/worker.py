@@ -60,8 +60,10 @@ class TrainerWorker:
         self.total_optim_steps = max(1, total_optim_steps)
         self.on_gpu = torch.cuda.is_available()
         self.device = torch.device("cuda", 0) if self.on_gpu else torch.device("cpu")
-        if self.on_gpu and gpu_memory_fraction:
-            torch.cuda.set_per_process_memory_fraction(gpu_memory_fraction, 0)
+        if self.on_gpu and gpu_memory_fraction:  # a GPU shared with the engine and kernel evaluations
+            from pipeline.trainer.gpu_share import hold
+
+            hold(gpu_memory_fraction, self.device)
         self.optim_steps = 0
         from pipeline.trainer.forward import flag
 
