@@ -260,7 +260,7 @@ class SandboxPool:
                 continue
             break
         if on_gpu and out.data is not None:  # each process's own peak: others on the device do not change it
-            self._learn_footprint(tkey, out.data.get("task_profile"), cfg)
+            self._learn_footprint(tkey, out.data.get("task_profile"), cfg, gate.budget if gate is not None else 0)
         res = step_result(out, "run", cfg)
         res.backend, res.trials = backend, cfg.correctness_trials
         self._say_what_is_open(res.isolation)
@@ -296,17 +296,24 @@ class SandboxPool:
             self._cpu_gate = DeviceGate((None, "host"), self.cfg.cpu_run_slots, self.cfg.admission_overtake_s)
         return self._cpu_gate
 
-    def _learn_footprint(self, tkey: str, profile: Any, cfg: SandboxConfig) -> None:
+    def _learn_footprint(self, tkey: str, profile: Any, cfg: SandboxConfig, budget: int = 0) -> None:
         """What a run step of this task reserves on its GPU, from a step that ran alone: the judge's
         peak (inputs, check set, outputs it holds), the reference runner's peak twice (the
         candidate is assumed alike; the NaN poison it frees first counted on top), and a CUDA context
-        per process."""
+        per process. One more than the gate's ``budget`` is admitted alone and still runs over
+        ``gpu_memory_share``, into memory others on the GPU (an engine, a trainer) may need: said
+        once."""
         if tkey in self._footprints or not isinstance(profile, dict):
             return
         judge, ref = profile.get("judge_peak_bytes"), profile.get("reference_peak_bytes")
         if not isinstance(judge, int) or not isinstance(ref, int):
             return
-        self._footprints[tkey] = judge + 2 * ref + cfg.poison_bytes + 3 * cfg.gpu_context_bytes
+        need = judge + 2 * ref + cfg.poison_bytes + 3 * cfg.gpu_context_bytes
+        self._footprints[tkey] = need
+        if budget > 1 and need > budget:
+            log.warning("sandbox: one evaluation of task %s holds %.1f GiB on its GPU, more than "
+                        "sandbox.gpu_memory_share gives evaluations there (%.1f GiB): each runs alone, "
+                        "and over the share", tkey[:40], need / 2**30, budget / 2**30)
 
     async def _probe(self, backend: str, gate: DeviceGate | None, arch: str, cfg: SandboxConfig,
                      eval_dir: Path) -> ProbeVerdict:

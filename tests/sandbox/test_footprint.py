@@ -137,3 +137,24 @@ def test_the_forward_peak_counts_live_tensors_and_sizes_the_estimate(body, peak)
     unmeasured = footprint.step_estimate(dataclasses.replace(fp, peak_bytes=None), 2, cfg.gpu_flush_bytes,
                                          cfg.poison_bytes, cfg.gpu_context_bytes)
     assert (est < unmeasured) if peak <= 2 else (est > unmeasured), (est, unmeasured)
+
+
+def test_a_task_measured_over_the_gates_budget_is_said_once(caplog, tmp_path):
+    """A footprint learned from a step that ran alone, larger than what the GPU's gate admits on
+    (gpu_memory_share): such steps run alone and over the share, and the pool says so once."""
+    import logging
+
+    from sandbox.config import load_default_config
+    from sandbox.pool import SandboxPool
+
+    cfg = load_default_config(cache_dir=str(tmp_path))
+    pool = SandboxPool(cfg)
+    profile = {"judge_peak_bytes": 20 * 2**30, "reference_peak_bytes": 8 * 2**30}
+    with caplog.at_level(logging.WARNING, logger="sandbox.pool"):
+        pool._learn_footprint("L1/19_ReLU", profile, cfg, budget=25 * 2**30)
+        pool._learn_footprint("L1/19_ReLU", profile, cfg, budget=25 * 2**30)   # known: nothing new
+        pool._learn_footprint("L1/40_LayerNorm", {"judge_peak_bytes": 2**30, "reference_peak_bytes": 2**29},
+                              cfg, budget=25 * 2**30)
+    said = [r.getMessage() for r in caplog.records if "more than" in r.getMessage()]
+    assert len(said) == 1 and "L1/19_ReLU" in said[0] and "25.0 GiB" in said[0], said
+    assert pool._footprints["L1/19_ReLU"] > 25 * 2**30 > pool._footprints["L1/40_LayerNorm"]
