@@ -25,9 +25,9 @@ if [ -d .devpkgs ]; then bash .devpkgs/install.sh >/dev/null 2>&1 || echo "devpk
 . bench/device_env.sh
 model=/tmp/models/$name
 [ -f "$model/config.json" ] || { echo "no $model: run bench/device_model.sh join $name first"; exit 2; }
-# level-1 train tasks whose one evaluation may hold at most ~9 GB (the sandbox's estimate), so three
+# level-1 train tasks whose one evaluation may hold at most 6.5 GiB (the sandbox's estimate), so four
 # run at once in the 29 GB an H100 has left beside the engine and the trainer; the elementwise ones
-# (4096 x 393216 floats) need ~56 GB each and ran the trainer out of memory (2026-12-07)
+# (4096 x 393216 floats) need ~51 GiB each and ran the trainer out of memory (2026-12-07)
 TASKS=${TASKS:-L1/88_MinGPTNewGelu,L1/40_LayerNorm,L1/12_Matmul_with_diagonal_matrices_,L1/2_Standard_matrix_multiplication_,L1/18_Matmul_with_transposed_both,L1/13_Matmul_for_symmetric_matrices,L1/14_Matmul_for_upper_triangular_matrices,L1/15_Matmul_for_lower_triangular_matrices,L1/8_Matmul_with_irregular_shapes_,L1/10_3D_tensor_matrix_multiplication}
 work=/tmp/kevin
 mkdir -p "$work"

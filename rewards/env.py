@@ -245,19 +245,19 @@ def _fitting(tasks: list[Task], skip_invalid: bool) -> list[Task]:
 
 
 def evaluation_bytes(tasks: list[Task], sandbox_cfg: SandboxConfig) -> dict[str, int | None]:
-    """Each task's device memory one GPU evaluation of it may hold at once, by task id: the sandbox's
-    admission estimate from the task's meta-device footprint (``sandbox.footprint.step_estimate``;
-    the judge, both runners, their CUDA contexts). None where the task cannot run on the meta
-    device (its first evaluation then measures it)."""
-    from sandbox import footprint
+    """Each task's device memory one GPU evaluation of it may hold at once, by task id: the bytes
+    the sandbox admits its first step on (the judge's meta-device footprint,
+    ``sandbox.footprint.admission_fields``, through ``sandbox.devices.estimate``: the judge, both
+    runners, their CUDA contexts). None where the sandbox has no estimate either (the step then
+    runs alone and measures it)."""
+    from sandbox import devices, footprint
 
     out: dict[str, int | None] = {}
     for task in tasks:
         try:
-            fp = footprint.measure(task.source, task.path)
-        except Exception:  # noqa: BLE001 - an op without a meta kernel: the sandbox measures it
-            out[task.id] = None
-            continue
-        out[task.id] = footprint.step_estimate(fp, sandbox_cfg.timing_input_sets, sandbox_cfg.gpu_flush_bytes,
-                                               sandbox_cfg.poison_bytes, sandbox_cfg.gpu_context_bytes)
+            fields = footprint.admission_fields(footprint.measure(task.source, task.path),
+                                                sandbox_cfg.timing_input_sets)
+        except Exception:  # noqa: BLE001 - a task meta cannot run: its first step measures it
+            fields = None
+        out[task.id] = None if fields is None else devices.estimate(fields, sandbox_cfg)
     return out

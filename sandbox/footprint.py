@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import shutil
 import subprocess
 import types
@@ -40,8 +41,13 @@ def nbytes(x: Any) -> int:
     return 0
 
 
+BIG_INPUTS = 4 << 30  # inputs above this get one timing buffer instead of timing_input_sets
+
+
+@functools.lru_cache(maxsize=1024)
 def measure(source: str, name: str = "task") -> Footprint:
-    """The footprint of a task source (``Model``, ``get_inputs``, ``get_init_inputs``)."""
+    """The footprint of a task source (``Model``, ``get_inputs``, ``get_init_inputs``); the same
+    source is measured once a process (a run's driver checks its tasks, then loads them again)."""
     import torch
 
     mod = types.ModuleType(f"footprint_{abs(hash(name))}")
@@ -144,6 +150,17 @@ def too_big(fp: Footprint, memory: int) -> str | None:
     return (f"needs at least {fp.minimum_bytes / 2**30:.1f} GiB on the device (inputs {fp.input_bytes / 2**30:.1f} "
             f"GiB twice, parameters {fp.param_bytes / 2**30:.1f} GiB twice, outputs "
             f"{(fp.output_bytes or 0) / 2**30:.1f} GiB twice), the GPU has {memory / 2**30:.1f} GiB")
+
+
+def admission_fields(fp: Footprint, timing_input_sets: int) -> dict[str, int] | None:
+    """What a GPU run step's judge sends the pool with its ``ready`` (``sandbox.devices.estimate``
+    turns it into the bytes the step is admitted on); None: no estimate, the step is admitted alone.
+    Inputs over ``BIG_INPUTS`` get one timing buffer, as the judge draws them."""
+    if fp.output_bytes is None:
+        return None
+    sets = 1 if fp.input_bytes > BIG_INPUTS else int(timing_input_sets)
+    return {"input_bytes": fp.input_bytes, "param_bytes": fp.param_bytes, "output_bytes": fp.output_bytes,
+            "peak_bytes": fp.peak_bytes, "input_sets": sets}
 
 
 def step_estimate(fp: Footprint, input_sets: int, flush_bytes: int, poison_bytes: int, context_bytes: int) -> int:

@@ -8,13 +8,13 @@ import time
 from typing import Any
 
 from sandbox import checks, host_poison, share, sweep
+from sandbox.footprint import BIG_INPUTS
 from sandbox.gate import Gate
 from sandbox.input_sets import InputSets
 from sandbox.judge import Lost, Runner
 from sandbox.wire import MARKER, RUNNER_FLAGS, Forged, StepRequest, reported_failure
 
 _perf_counter = time.perf_counter  # captured before any answer exists anywhere near this process
-_BIG_INPUTS = 4 << 30   # inputs above this get one timing buffer instead of timing_input_sets
 _MAX_POISON = 8 << 30   # NaN-filled memory freed before a candidate call: outputs are usually <= 2x inputs
 _WARM_S = 0.05          # seconds of the judge's own GPU work before each timing loop
 _PROBE_SETTLE_S = 0.5   # timing_probe: how long the reference waits before its settled window
@@ -118,7 +118,7 @@ class RunStep(InputSets):
         # with is computed there, on a fresh draw of the same seed (so nothing the answer changes
         # in its buffers, even after the tamper check, can reach the reference's inputs)
         self.sets = [self._make_set(0, [self.cand, self.ref])]
-        big = share.nbytes_of(self.sets[0]["values"]) > _BIG_INPUTS
+        big = share.nbytes_of(self.sets[0]["values"]) > BIG_INPUTS
         # with inputs of several GiB, one buffer: the device holds it, the check set, a fresh draw
         # and three outputs at once (addresses then repeat; values still never do)
         self.sets += [self._make_set(k, [self.cand, self.ref]) for k in range(1, 1 if big else int(req.timing_input_sets))]
@@ -201,11 +201,7 @@ class RunStep(InputSets):
             fp = footprint.measure(self.req.task_src, "task")
         except Exception:  # noqa: BLE001 - no estimate: the step is admitted alone
             return None
-        if fp.output_bytes is None:
-            return None
-        sets = 1 if fp.input_bytes > _BIG_INPUTS else int(self.req.timing_input_sets)
-        return {"input_bytes": fp.input_bytes, "param_bytes": fp.param_bytes, "output_bytes": fp.output_bytes,
-                "peak_bytes": fp.peak_bytes, "input_sets": sets}
+        return footprint.admission_fields(fp, self.req.timing_input_sets)
 
     def _round_trip_ms(self, n: int = 7) -> float:
         """Median milliseconds of a bare call to the reference runner (no forward, no outputs): the
