@@ -6,13 +6,15 @@
 #
 #   bash bench/device_kevin_mini.sh [NAME=qwen2.5-coder-1.5b-instruct] [extra pipeline.main overrides]
 #
-# Env: LIMIT (s, whole script, default 570), SFT=0 skips the warm start (RL from the base model),
+# Env: LIMIT (s, whole script, default 570), LORA (adapter rank for RL, default 16; 0: full
+# fine-tuning), RL_LR (2e-5 with LoRA), SFT=0 skips the warm start (RL from the base model),
 # SFT_EPOCHS (2), SFT_LR (1e-5), CKPT_EVERY (3 steps; one checkpoint kept), KILL_GRACE (60 s between
 # the RL run's SIGTERM, which ends its step and checkpoints, and SIGKILL), TASKS (comma-separated
 # train task ids of KernelBench's split of levels 1-2 at holdout_frac 0.2, seed 0; default below). Needs .devpkgs, the vLLM
 # bundle at /tmp/vsite and .kb/KernelBench. Writes under $OUT: corpus.log, sft.log, rl.log,
 # metrics.jsonl (copied every 15 s, so a call cut at its limit still returns its steps),
-# timeline.{jsonl,png}. Run again on the same warm machine, it skips the SFT and the RL run resumes
+# timeline.png, and with LoRA the newest checkpoint as ckpt.tar.NN (bench/ckpt_carry.py): copied
+# here into .carry/ and carried, the next machine's call resumes it. Run again on the same warm machine, it skips the SFT and the RL run resumes
 # from its latest checkpoint (resume=auto, same run dir and command).
 set -u
 name=${1:-qwen2.5-coder-1.5b-instruct}
@@ -33,8 +35,8 @@ work=/tmp/kevin
 mkdir -p "$work"
 left() { echo $((LIMIT - (SECONDS - t_start))); }
 
-python3 -m rewards.corpus.generate --out "$work/corpus" --backend cuda --tasks .kb/KernelBench >"$out/corpus.log" 2>&1
-tail -n 2 "$out/corpus.log"
+python3 -m rewards.corpus.generate --out "$work/corpus" --backend cuda --tasks .kb/KernelBench >"$work/corpus.log" 2>&1
+tail -n 2 "$work/corpus.log"
 start=$model
 if [ "${SFT:-1}" = 1 ]; then
   t0=$SECONDS
@@ -50,6 +52,15 @@ if [ "${SFT:-1}" = 1 ]; then
 fi
 echo "RL from $start, $(left) s left"
 run=$work/rl
+# a checkpoint carried from an earlier machine (.carry/ckpt.tar.NN, written by the pack below)
+if [ -f .carry/ckpt.tar.01 ] && [ ! -d "$run/checkpoints" ]; then python3 -m bench.ckpt_carry unpack .carry "$run"; fi
+# LoRA (LORA=0: full fine-tuning): its checkpoint travels back in $OUT (bench/ckpt_carry.py), so
+# the run spans machines; lr 10x full fine-tuning's, the trainer's share cut to what it holds
+lora=()
+if [ "${LORA:-16}" != 0 ]; then
+  lora=(trainer.lora.rank=${LORA:-16} trainer.lora.alpha=$(( 2 * ${LORA:-16} )) trainer.optim.lr=${RL_LR:-2e-5}
+        resources.trainer.gpu_memory_fraction=0.25)
+fi
 # the GPU as the experiment shares it (engine 0.2, trainer 0.4, kernel evaluations the rest); the
 # split of levels 1 and 2 (the corpus's and bench.model_baseline's); 4 tasks x 4 trajectories x 4
 # turns a step; the curve reaches $OUT every 15 s
@@ -58,8 +69,11 @@ run_copying "$run" "$out" "$out/rl.log" $(( $(left) - 20 - KILL_GRACE )) python3
   model.path="$start" reward.tasks=.kb/KernelBench reward.levels=[1,2] "reward.task_ids=[${TASKS}]" \
   rollout.n_trajectories=4 pipeline.tasks_per_batch=4 rollout.max_response_length=2048 \
   sandbox.compile_workers=8 sandbox.max_jobs=2 sandbox.gpu_max_steps=1 sandbox.cache_dir="$work/build_cache" \
-  pipeline.heartbeat_s=30 checkpoint.every=${CKPT_EVERY:-3} checkpoint.keep_last=1 logger=console hydra.run.dir="$run" "$@"
+  pipeline.heartbeat_s=30 checkpoint.every=${CKPT_EVERY:-3} checkpoint.keep_last=1 logger=console hydra.run.dir="$run" "${lora[@]}" "$@"
 rc=$?
+rm -f "$out/timeline.jsonl"
+[ -f "$out/rl.log" ] && [ "$(stat -c %s "$out/rl.log")" -gt 12000000 ] && { tail -c 12000000 "$out/rl.log" >"$work/rl.tail"; mv "$work/rl.tail" "$out/rl.log"; }
+[ "${LORA:-16}" != 0 ] && python3 -m bench.ckpt_carry pack "$run" "$out"
 echo "rl rc=$rc after $((SECONDS - t_start)) s"
 grep -E "Error|error:|Traceback" "$out/rl.log" | cut -c1-300 | tail -n 10
 grep -E "^\[pipeline\]|^\[step " "$out/rl.log" | cut -c1-400 | tail -n 30

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -371,8 +372,12 @@ class TrainerWorker:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         state = torch.load(os.path.join(directory, "optimizer.pt"), weights_only=False, map_location="cpu")
-        set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state["optimizer"],
-                                 options=StateDictOptions(full_state_dict=True))
+        if "optimizer" in state:
+            set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state["optimizer"],
+                                     options=StateDictOptions(full_state_dict=True))
+        elif self.rank == 0:  # a carried checkpoint (bench/ckpt_carry.py): the moments stayed behind
+            print(f"[trainer] {directory}/optimizer.pt holds the schedule only (step {state['optim_steps']}): "
+                  "the optimiser's moments start from zero", file=sys.stderr, flush=True)
         self.scheduler.load_state_dict(state["scheduler"])
         self.optim_steps = state["optim_steps"]
 

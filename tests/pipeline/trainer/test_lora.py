@@ -313,3 +313,44 @@ def test_a_lora_run_checkpoints_and_resumes_through_the_pipeline(ray_local, tmp_
     assert resumed[1]["actor/optim_steps"] == original[1]["actor/optim_steps"]
     # step 1 trains the same batch from the same restored adapters and optimiser: the same step
     assert resumed[1]["actor/loss"] == pytest.approx(original[1]["actor/loss"], rel=1e-5, abs=1e-7)
+
+
+def test_a_carried_checkpoint_resumes_the_adapters_with_fresh_moments(run, tmp_path):
+    """bench.ckpt_carry: the newest checkpoint in small parts and back; the resumed worker has the
+    adapters (rounded to bfloat16), the schedule's step, and Adam's moments from zero."""
+    import pickle
+
+    from bench import ckpt_carry
+
+    model_cfg, trainer_cfg, algo_cfg = configs()
+    src = tmp_path / "run"
+    for n in (1, 3):  # the newest travels
+        shutil.copytree(run["ckpt"], src / "checkpoints" / f"step_{n:06d}")
+        (src / "checkpoints" / f"step_{n:06d}" / "loop.pt").write_bytes(pickle.dumps({"step": n, "pending": None}))
+    (src / "metrics.jsonl").write_text('{"step": 0}\n')
+    parts = ckpt_carry.pack(src, tmp_path / "out", part_mib=0.01)
+    assert len(parts) > 2 and all(p.stat().st_size <= int(0.01 * 2**20) for p in parts)
+    ckpt = ckpt_carry.unpack(tmp_path / "out", tmp_path / "next")
+    assert ckpt == tmp_path / "next" / "checkpoints" / "step_000003"
+    assert sorted(p.name for p in ckpt.iterdir()) == ["adapter", "loop.pt", "optimizer.pt"]
+    assert (tmp_path / "next" / "metrics.jsonl").read_text() == '{"step": 0}\n'
+    w, _ = worker_of(model_cfg, trainer_cfg, algo_cfg, resume_dir=str(ckpt))
+    try:
+        resumed = w.full_state_dict()
+        for k, t in run["trained"].items():
+            if lora.is_adapter(k):
+                assert not torch.equal(resumed[k], run["initial"][k]), k
+                torch.testing.assert_close(resumed[k], t.to(torch.bfloat16).float(), rtol=0, atol=0)
+            else:
+                assert torch.equal(resumed[k], t), k
+        assert w.optim_steps == 2 and not w.optimizer.state  # the schedule's place, no moments
+        assert torch.isfinite(torch.tensor(step(w, run["plan"], run["shard"])["actor/loss"]))
+    finally:
+        w.shutdown()
+    # a part missing, or a full-model checkpoint, is named
+    parts[1].unlink()
+    with pytest.raises(SystemExit, match="one is missing"):
+        ckpt_carry.unpack(tmp_path / "out", tmp_path / "again")
+    shutil.rmtree(src / "checkpoints" / "step_000003" / lora.ADAPTER_DIR)
+    with pytest.raises(SystemExit, match="holds no adapter/.*only a LoRA run"):
+        ckpt_carry.pack(src, tmp_path / "out2")
