@@ -10,6 +10,7 @@ import signal
 import time
 
 import psutil
+import pytest
 
 from rewards.config import load_reward_config
 from rewards.score import score_result
@@ -111,14 +112,17 @@ async def test_a_hung_evaluation_is_cut_and_does_not_stall_the_others(sandbox_cf
     assert res.wall_s.get("total", 0.0) < 8.0 + 40.0, res.wall_s
 
 
-async def test_a_kernel_that_never_ends_is_cut_at_its_call_limit_once_the_reference_time_is_known(sandbox_cfg):
+@pytest.mark.parametrize("per_step", [False, True], ids=["pool_reference", "reference_per_step"])
+async def test_a_kernel_that_never_ends_is_cut_at_its_call_limit_once_the_reference_time_is_known(sandbox_cfg, per_step):
     """With the task's reference time known (an earlier step measured it), one call of the answer
     may take max(call_timeout_floor_s, factor x that time), its first call three times that: a
     never-ending forward ends as a timeout flagged call_over_limit after 3x the floor, far inside
-    the step's 60 s limit, and is not run again alone."""
+    the step's 60 s limit, and is not run again alone. Also where each step times its own reference
+    (reference_per_step, the RL job's setting on a shared GPU), whose request carries no reference
+    time: the judge's message once failed to format there, and the step was lost and run again."""
     hung = ("import torch.nn as nn\nTAG = 'call'\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
             "        while True:\n            pass\n")
-    async with SandboxPool(dataclasses.replace(sandbox_cfg, reference_samples=1)) as pool:
+    async with SandboxPool(dataclasses.replace(sandbox_cfg, reference_samples=1, reference_per_step=per_step)) as pool:
         first = await asyncio.wait_for(pool.evaluate(RELU, CORRECT, "cpu"), timeout=120)
         assert first.correct and first.ref_runtime_ms, first
         t0 = time.monotonic()
@@ -130,3 +134,45 @@ async def test_a_kernel_that_never_ends_is_cut_at_its_call_limit_once_the_refere
     assert "one call of the answer did not finish within 9 s" in res.error, res.error  # a first call: 3x the limit
     assert took < 30.0, took  # the step's own limit would be 60 s
     assert stats.get("rerun_alone", 0.0) == 0.0 and "reran_alone" not in res.wall_s
+    assert stats.get("lost_workers", 0.0) == 0.0, stats
+
+
+async def test_a_slow_answer_is_timed_in_the_calls_its_budget_holds(sandbox_cfg):
+    """sandbox.timing_budget_s: an answer whose first timed call shows its warmup + timed calls
+    would hold the device (here the host's timing slot) longer than the budget makes one warmup
+    and as many timed calls as fit, at least 3; it stays correct, is flagged timing_cut, and its
+    speedup is still measured against the reference. A fast answer is not cut."""
+    from sandbox.run_step import TIMING_CUT
+
+    cfg = dataclasses.replace(sandbox_cfg, correctness_trials=1, warmup_runs=3, timing_runs=20, timing_budget_s=1.0)
+    async with SandboxPool(cfg) as pool:
+        fast = await asyncio.wait_for(pool.evaluate(RELU, slow_correct("fast", 0.0), "cpu"), timeout=120)
+        slow = await asyncio.wait_for(pool.evaluate(RELU, slow_correct("slow", 0.25), "cpu"), timeout=120)
+    assert fast.correct and TIMING_CUT not in fast.flags, fast
+    assert slow.correct and TIMING_CUT in slow.flags, slow
+    assert slow.speedup is not None and slow.speedup < 0.5, slow
+    # 1 warmup + 3 timed calls of 0.25 s (int(1.0 / 0.25) - 1 = 3), not 3 + 20
+    assert slow.wall_s["timing"] < 0.25 * 10, slow.wall_s
+
+
+async def test_the_pool_says_what_its_evaluations_under_way_are_doing(sandbox_cfg):
+    """SandboxPool.in_flight (the heartbeat's view of a step's reward tail): an evaluation is
+    queued for a slot, then builds, then is at the device; the oldest one's age and stage; nothing
+    once all are done."""
+    cfg = dataclasses.replace(sandbox_cfg, max_concurrent=1, correctness_trials=1, warmup_runs=0, timing_runs=2)
+    seen = []
+    async with SandboxPool(cfg) as pool:
+        assert pool.in_flight() == {"queued": 0.0, "build": 0.0, "run": 0.0}
+        jobs = [asyncio.ensure_future(pool.evaluate(RELU, slow_correct(f"f{i}", 0.3), "cpu")) for i in range(2)]
+        while not all(j.done() for j in jobs):
+            seen.append(pool.in_flight())
+            await asyncio.sleep(0.05)
+        results = await asyncio.gather(*jobs)
+        after = pool.in_flight()
+    assert all(r.correct for r in results)
+    assert any(s["run"] == 1 and s["queued"] == 1 for s in seen), seen  # one slot: the other waits
+    assert any(s.get("oldest_stage") == 2.0 for s in seen), seen  # "run" (a Python answer builds in no time)
+    assert all(s["queued"] + s["build"] + s["run"] <= 2 and s.get("oldest_s", 0) >= 0 for s in seen)
+    ages = [s["oldest_s"] for s in seen if s["queued"] + s["build"] + s["run"] == 2]
+    assert ages == sorted(ages) and ages[-1] > 0.3, ages  # the first one, ageing
+    assert after == {"queued": 0.0, "build": 0.0, "run": 0.0}
