@@ -27,6 +27,9 @@ class SandboxConfig:
     seed: int = MISSING                    # base seed; trial i uses seed + i
     warmup_runs: int = MISSING
     timing_runs: int = MISSING             # the reported runtime is their median
+    # an answer whose first timed call shows its warmup + timing runs would hold the device alone
+    # longer than this makes fewer calls (one warmup, at least 3 timed): 0 turns it off
+    timing_budget_s: float = MISSING
     timing_input_sets: int = MISSING       # timing rotates over this many input buffers (values fresh every call)
     checked_share: float = MISSING         # share of timed calls whose output the judge checks (>= 1 per input set)
     # keyed by torch dtype name without the "torch." prefix (float32, float16, bfloat16, ...)
@@ -112,6 +115,8 @@ def validate(cfg: SandboxConfig) -> None:
         raise ValueError(f"sandbox.gpu_warm_steps={cfg.gpu_warm_steps}: expected an integer >= 0")
     if cfg.gpu_max_steps < 0:
         raise ValueError(f"sandbox.gpu_max_steps={cfg.gpu_max_steps}: expected a count >= 0 (0: no cap)")
+    if cfg.timing_budget_s < 0:
+        raise ValueError(f"sandbox.timing_budget_s={cfg.timing_budget_s}: expected seconds >= 0 (0: off)")
     if cfg.admission_overtake_s < 0:
         raise ValueError(f"sandbox.admission_overtake_s={cfg.admission_overtake_s}: expected seconds >= 0")
     if not 0.0 <= cfg.gpu_memory_share <= 1.0:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import math
 import re
@@ -44,7 +45,7 @@ from sandbox.result import SandboxResult, mark_refused_build
 __all__ = ["SandboxPool", "as_sandbox_config", "scrubbed_env"]
 
 # Per-call overrides of the configuration that make sense for one evaluation.
-_OVERRIDABLE = ("correctness_trials", "seed", "warmup_runs", "timing_runs", "timing_input_sets",
+_OVERRIDABLE = ("correctness_trials", "seed", "warmup_runs", "timing_runs", "timing_budget_s", "timing_input_sets",
                 "compile_timeout_s", "run_timeout_s", "call_timeout_floor_s", "call_timeout_ref_factor",
                 "memory_limit_bytes", "excessive_speedup_threshold",
                 "cpu_threads", "poison_bytes", "gpu_flush_bytes", "cpu_flush_bytes")
@@ -95,6 +96,9 @@ class SandboxPool:
         self._torch_version: str | None = None
         self._started = time.monotonic()
         self._stats: Counter[str] = Counter()
+        # the evaluations under way: token -> [stage, since] (stage: queued | build | run)
+        self._in_flight: dict[int, list[Any]] = {}
+        self._tokens = itertools.count()
         self._closed = False
         self._said_open = False
         self._launcher = Launcher(self.cache, self._narrow_header_dir)
@@ -115,10 +119,15 @@ class SandboxPool:
         if unknown:
             raise TypeError(f"SandboxPool.evaluate: unknown override(s) {unknown}; allowed: {list(_OVERRIDABLE)}")
         cfg = dataclasses.replace(self.cfg, **overrides)
-        async with self._slots:
-            t0 = time.monotonic()
-            result = mark_refused_build(await self._evaluate(ref_src, candidate_src, backend, key, cfg))
-            result.wall_s["total"] = round(time.monotonic() - t0, 3)
+        token = next(self._tokens)
+        self._in_flight[token] = ["queued", time.monotonic()]
+        try:
+            async with self._slots:
+                t0 = time.monotonic()
+                result = mark_refused_build(await self._evaluate(ref_src, candidate_src, backend, key, cfg, token))
+                result.wall_s["total"] = round(time.monotonic() - t0, 3)
+        finally:
+            del self._in_flight[token]
         self._stats["evaluations"] += 1
         self._stats[f"error/{result.error_kind}" if result.error_kind else "error/none"] += 1
         self._stats["correct"] += int(result.correct)
@@ -127,6 +136,24 @@ class SandboxPool:
     async def headers_ready(self) -> None:
         """Wait for the precompiled headers being built (benchmarks: measure the steady state)."""
         await self._builds.headers_ready()
+
+    def in_flight(self) -> dict[str, float]:
+        """The evaluations under way, by stage: ``queued`` (for one of max_concurrent slots),
+        ``build`` (waiting for or in a compile step), ``run`` (waiting for the device or running:
+        load, correctness, timing); ``oldest_s`` the age of the longest one, ``oldest_stage`` its
+        stage's index in that order. What the loop's heartbeat shows of a step's reward tail."""
+        now, order = time.monotonic(), ("queued", "build", "run")
+        out = {stage: 0.0 for stage in order}
+        for stage, _ in self._in_flight.values():
+            out[stage] += 1
+        if self._in_flight:
+            stage, since = min(self._in_flight.values(), key=lambda v: v[1])
+            out.update(oldest_s=now - since, oldest_stage=float(order.index(stage)))
+        return out
+
+    def _at(self, token: int | None, stage: str) -> None:
+        if token in self._in_flight:
+            self._in_flight[token][0] = stage
 
     def stats(self) -> dict[str, float]:
         minutes = max((time.monotonic() - self._started) / 60.0, 1e-9)
@@ -158,7 +185,7 @@ class SandboxPool:
     # --- one evaluation -----------------------------------------------------------------------
 
     async def _evaluate(self, ref_src: str, cand_src: str, backend: str, key: str | None,
-                        cfg: SandboxConfig) -> SandboxResult:
+                        cfg: SandboxConfig, token: int | None = None) -> SandboxResult:
         gpus = await self._gpu_list() if backend in ("cuda", "triton") else []
         if backend == "cuda" and not gpus:
             return SandboxResult.failure("sandbox_error", "the cuda backend needs a GPU and none is visible",
@@ -172,6 +199,7 @@ class SandboxPool:
         eval_id = f"{_safe(key) + '-' if key else ''}{uuid.uuid4().hex[:10]}"
         eval_dir = self.cache / "work" / eval_id
         try:
+            self._at(token, "build")
             compiled = await self._builds.ensure_built(bkey, cand_src, backend, arch, cfg, eval_dir)
             if compiled.get("error_kind"):
                 res = SandboxResult.from_dict({**compiled, "backend": backend, "trials": cfg.correctness_trials})
@@ -182,6 +210,7 @@ class SandboxPool:
             # and threads are in the key because an evaluation may override them
             tkey = task_key(ref_src, f"p2:{backend}:{device_name}:{cfg.timing_runs}:{cfg.cpu_threads}")
             ref_ms = self._known_ref(tkey)
+            self._at(token, "run")
             res = await self._run(ref_src, cand_src, backend, bkey, arch, cfg, eval_dir, eval_id, on_gpu, ref_ms,
                                   tkey)
             if res.timed and res.ref_runtime_ms and res.ref_runtime_spread is not None and res.error_kind is None:
@@ -224,7 +253,8 @@ class SandboxPool:
         timed = backend == "cpu" or on_gpu
         req = dict(mode="run", task_src=ref_src, candidate_src=cand_src, backend=backend,
                    device="cuda:0" if on_gpu else "cpu", correctness_trials=cfg.correctness_trials, seed=cfg.seed,
-                   warmup_runs=cfg.warmup_runs, timing_runs=cfg.timing_runs, timing_input_sets=cfg.timing_input_sets,
+                   warmup_runs=cfg.warmup_runs, timing_runs=cfg.timing_runs, timing_budget_s=cfg.timing_budget_s,
+                   timing_input_sets=cfg.timing_input_sets,
                    checked_share=cfg.checked_share,
                    tolerance={k: dataclasses.asdict(v) for k, v in cfg.tolerance.items()},
                    flush_bytes=cfg.gpu_flush_bytes if on_gpu else cfg.cpu_flush_bytes,

@@ -50,7 +50,7 @@ class SandboxResult:
     new_runtime_spread: float | None = None
     ref_runtime_spread: float | None = None   # None when the reference time came from the cache
     timed: bool = False                   # False e.g. for the Triton interpreter: no speedup credit
-    flags: list[str] = field(default_factory=list)   # e.g. "excessive_speedup", REFUSED_BUILD
+    flags: list[str] = field(default_factory=list)   # e.g. "excessive_speedup", REFUSED_BUILD, "timing_cut" (a slow answer timed in fewer calls: sandbox.timing_budget_s)
     wall_s: dict[str, float] = field(default_factory=dict)  # per stage: compile, correctness, timing, total
     cache_hit: bool = False
     backend: str = ""

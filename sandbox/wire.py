@@ -61,6 +61,7 @@ class StepRequest:
     seed: int = 0
     warmup_runs: int = 0
     timing_runs: int = 0
+    timing_budget_s: float = 0.0   # 0: every answer makes warmup + timing runs; else see sandbox/config.py
     timing_input_sets: int = 1
     checked_share: float = 0.2     # share of timed calls whose output is checked (at least one per input set)
     tolerance: dict[str, dict[str, float]] = field(default_factory=dict)
