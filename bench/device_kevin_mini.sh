@@ -68,7 +68,7 @@ export KILL_GRACE=${KILL_GRACE:-60}
 run_copying "$run" "$out" "$out/rl.log" $(( $(left) - 20 - KILL_GRACE )) python3 -m pipeline.main +experiment=kernel_multiturn_qwen1p5b \
   model.path="$start" reward.tasks=.kb/KernelBench reward.levels=[1,2] "reward.task_ids=[${TASKS}]" \
   rollout.n_trajectories=4 pipeline.tasks_per_batch=4 rollout.max_response_length=2048 \
-  sandbox.compile_workers=8 sandbox.max_jobs=2 sandbox.gpu_max_steps=1 sandbox.cache_dir="$work/build_cache" \
+  sandbox.compile_workers=8 sandbox.max_jobs=2 sandbox.cache_dir="$work/build_cache" \
   pipeline.heartbeat_s=30 checkpoint.every=${CKPT_EVERY:-3} checkpoint.keep_last=1 logger=console hydra.run.dir="$run" "${lora[@]}" "$@"
 rc=$?
 rm -f "$out/timeline.jsonl"

@@ -79,7 +79,25 @@ class Activity:
                 gen = sum(int(w.get("generated", 0)) for w in live)
                 scored = sum(int(w.get("scored", 0)) for w in live)
                 detail = f"{gen} of {expected} generated, {scored} scored, {gen - scored} being evaluated"
+                detail += evaluator_detail(live)
                 if any("engine_inflight" in w for w in live):
                     detail += f", {sum(int(w.get('engine_inflight', 0)) for w in live)} in the engine"
                 parts["sampler"] += f" ({detail})"
         return "; ".join(parts.values())
+
+
+EVAL_STAGES = (("queued", "queued"), ("build", "building"), ("run", "at the device (waiting for it or running)"))
+
+
+def evaluator_detail(live: list[dict[str, float]]) -> str:
+    """What the evaluations under way are doing, summed over the sampler workers (``eval/*`` of
+    their progress): the reward tail of a step in the evaluator's terms. Empty where none report."""
+    if not any(k.startswith("eval/") for w in live for k in w):
+        return ""
+    counts = [(words, sum(int(w.get(f"eval/{stage}", 0)) for w in live)) for stage, words in EVAL_STAGES]
+    text = ": " + ", ".join(f"{n} {words}" for words, n in counts if n) if any(n for _, n in counts) else ""
+    oldest = [w for w in live if "eval/oldest_s" in w]
+    if oldest:
+        w = max(oldest, key=lambda w: w["eval/oldest_s"])
+        text += f"; the oldest {w['eval/oldest_s']:.0f} s, {EVAL_STAGES[int(w['eval/oldest_stage'])][1]}"
+    return text

@@ -139,6 +139,8 @@ class SamplerWorker:
         if live is not None:
             out.update(step=float(live.step), generated=float(live.n_generated), scored=float(live.n_samples),
                        seconds=time.time() - live.t_start if live.t_start else 0.0)
+            in_flight = getattr(self.env, "in_flight", None)  # an env of the user's may not say
+            out.update({f"eval/{k}": float(v) for k, v in (in_flight() if in_flight else {}).items()})
         return out
 
     async def receive_weights(self, payload: Any, version: int) -> dict[str, Any]:

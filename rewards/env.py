@@ -130,6 +130,10 @@ class KernelEnv:
         return dataclasses.replace(result, error=s.scrub(result.error, limit),
                                    log_tail=s.scrub(result.log_tail, limit))
 
+    def in_flight(self) -> dict[str, float]:
+        state = getattr(self.pool, "in_flight", None)  # a pool that runs nothing apart has none
+        return state() if state is not None else {}
+
     async def aclose(self) -> None:
         close = getattr(self.pool, "aclose", None)
         if close is not None:

@@ -76,6 +76,10 @@ class RewardEnv(Protocol):
     async def score(self, task: TaskRef, response: str) -> TurnOutcome:
         """Parse, check rules, run the sandbox, score. Never raises for bad model output."""
 
+    def in_flight(self) -> dict[str, float]:
+        """The evaluations under way by stage (``queued``, ``build``, ``run``), and the oldest one's
+        age (``oldest_s``) and stage index (``oldest_stage``); {} where nothing is evaluated apart."""
+
     async def aclose(self) -> None:
         """Release evaluator processes."""
 

@@ -70,5 +70,8 @@ class ToyEnv:
                            error_kind=None if answer else "empty_answer",
                            verdict={"target": self.target, "chars": len(answer)})
 
+    def in_flight(self) -> dict[str, float]:
+        return {}  # scored inline: nothing is ever under way apart
+
     async def aclose(self) -> None:
         return None
