@@ -51,6 +51,8 @@ def batch_tasks(tasks: list[Any], batch: int, k: int, seed: int, shuffle: bool) 
     return out
 
 
+SAME_STOP_S = 1.0  # a stop request this soon after the first is the same one, delivered twice
+
 class Loop:
     def __init__(self, cfg: PipelineConfig, parts: LoopParts, timeline_every: int,
                  start_step: int = 0, version: int = 0, pending: list[Sample] | None = None,
@@ -71,6 +73,7 @@ class Loop:
         self._done: list[GeneratedBatch] = []  # in completion order (step timing)
         self._gen_error: BaseException | None = None
         self.stop_requested = False
+        self._stop_at = 0.0  # monotonic time of the first stop request
         self._task: asyncio.Task | None = None  # the step loop's task: a second stop request cancels it
         self.recovery = TrainerRecovery(  # where a lost trainer restarts from, what it trains again
             cfg.max_trainer_restarts, start_step, version, resumed_from, self.events)
@@ -80,13 +83,19 @@ class Loop:
 
     def request_stop(self) -> None:
         """SIGTERM (preemption, scancel) or Ctrl-C: finish the step under way, checkpoint it, stop.
-        A second one abandons the step: the run stops at once, its last checkpoint kept."""
+        A second one abandons the step: the run stops at once, its last checkpoint kept. One
+        arriving within SAME_STOP_S of the first is the same request: one signal often reaches the
+        driver twice (coreutils ``timeout`` signals the command, then its whole process group; a
+        scheduler may signal the job's processes and the step's)."""
+        now = time.monotonic()
+        if self.stop_requested and now - self._stop_at < SAME_STOP_S:
+            return
         if self.stop_requested:
             print("[pipeline] second stop request: abandoning the step under way", file=sys.stderr, flush=True)
             if self._task is not None:
                 self._task.cancel()
             return
-        self.stop_requested = True
+        self.stop_requested, self._stop_at = True, now
         print("[pipeline] stop requested (Ctrl-C again abandons the step): finishing this step, "
               "then a checkpoint", file=sys.stderr, flush=True)
 

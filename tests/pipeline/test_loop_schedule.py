@@ -317,3 +317,32 @@ def test_the_real_parts_have_every_member_their_protocol_declares():
             assert list(declared) == list(have)[:len(declared)], (real.__name__, name)
         for name in fields:  # data members are set on the instance
             assert f"self.{name} =" in inspect.getsource(real), f"{real.__name__} sets no {name}"
+
+
+class TwiceStoppingTrainer(FakeTrainer):
+    """Its step 2 brings the stop request twice at once, as one SIGTERM reaches a driver that
+    coreutils ``timeout`` signals both directly and through its process group."""
+
+    def train(self, batch, loss_scale_factor=None):
+        out = super().train(batch, loss_scale_factor)
+        if batch.step == 2:
+            self.loop.request_stop()
+        return out
+
+
+@pytest.mark.parametrize("apart_s", [None, 0.0])
+def test_one_stop_request_delivered_twice_still_finishes_the_step_and_checkpoints(tmp_path, monkeypatch, apart_s):
+    import pipeline.loop as loop_module
+
+    if apart_s is not None:  # two requests further apart than SAME_STOP_S: the second abandons the step
+        monkeypatch.setattr(loop_module, "SAME_STOP_S", apart_s)
+    loop, _, trainer = make(tmp_path, 1, steps=8)
+    twice = TwiceStoppingTrainer(trainer.train_s, stop_at=2)
+    twice.loop, loop.parts.trainer = loop, twice
+    if apart_s is None:
+        asyncio.run(loop.run())
+        assert [e for e in loop.events if e[0] == "checkpoint"] == [("checkpoint", 2, 3)]
+    else:
+        with pytest.raises(asyncio.CancelledError):
+            asyncio.run(loop.run())
+        assert not [e for e in loop.events if e[0] == "checkpoint"]
