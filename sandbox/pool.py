@@ -261,7 +261,8 @@ class SandboxPool:
                    poison_bytes=cfg.poison_bytes, excessive_speedup_threshold=cfg.excessive_speedup_threshold,
                    cpu_threads=cfg.cpu_threads, ref_runtime_ms=None if cfg.reference_per_step else ref_ms,
                    timeout_s=run_limit(cfg, ref_ms),
-                   call_limit_s=call_limit(cfg, ref_ms), timed=timed, timing_probe=cfg.timing_probe)
+                   call_limit_s=call_limit(cfg, ref_ms), call_timeout_floor_s=cfg.call_timeout_floor_s,
+                   call_timeout_ref_factor=cfg.call_timeout_ref_factor, timed=timed, timing_probe=cfg.timing_probe)
         limit = req["timeout_s"] + max(30.0, req["timeout_s"])
         # a task's first GPU step runs alone and measures what later ones reserve; the host's slots
         # are counted, not measured

@@ -30,6 +30,7 @@ class RunStep(InputSets):
         self.result: dict[str, Any] = {"stage": "correctness", "compiled": False, "wall_s": {}, "flags": []}
         self.measured_ref_ms: float | None = None  # the reference time this step measured (the pool keeps it)
         self._first_call = True  # the answer's first call gets a longer call limit
+        self._limit_ref_ms: float | None = None  # the reference call that sized call_limit_s here (_size_call_limit)
         self._poison = 0  # the poison of the candidate's last call (0: none asked)
         self.rng = secrets.SystemRandom()   # which timed calls are checked: nothing a runner can predict
         # the seeds of timed calls' inputs: unpredictable, or an answer could draw the next inputs
@@ -126,6 +127,10 @@ class RunStep(InputSets):
         self.sets += [self._make_set(k, [self.cand, self.ref]) for k in range(1, 1 if big else int(req.timing_input_sets))]
         self.check_set = self._make_set(-1, [self.ref])
         wall["inputs"] = round(_perf_counter() - t, 3)
+        if not req.call_limit_s and float(req.call_timeout_ref_factor) > 0:
+            t = _perf_counter()
+            self._size_call_limit()
+            wall["call_limit_ref"] = round(_perf_counter() - t, 3)
         t = _perf_counter()
         self._correctness()
         wall["correctness"] = round(_perf_counter() - t, 3)
@@ -258,7 +263,9 @@ class RunStep(InputSets):
             msg, fds = r.ask("call", deadline, set=k, **peak)
         except Lost as lost:
             if lost.kind == "timeout" and own is not None and deadline == own:
-                ref = self.req.ref_runtime_ms  # None with reference_per_step: the limit came from the pool's
+                # the time the limit was sized from: the pool's (None with reference_per_step, which
+                # still sizes the limit from it) or the judge's own first call of the reference
+                ref = self.req.ref_runtime_ms or self._limit_ref_ms
                 against = (f"{limit * 1000.0 / ref:.0f}x the reference's {ref:.3g} ms" if ref else
                            "far beyond the task's reference time")
                 raise Lost("timeout", f"one call of the answer did not finish within {limit:.0f} s, {against}: "
@@ -387,6 +394,22 @@ class RunStep(InputSets):
             t = _perf_counter()
             theirs.close()
             self._spent("release", t)
+
+    def _size_call_limit(self) -> None:
+        """No reference time is known to the pool yet (a task's first evaluations; in an RL run,
+        every evaluation of a task no answer has passed yet, since only a passing answer's step
+        times the reference): one call of the reference, on the set the answer never sees and
+        before the answer's first call, sizes the answer's call limit as a known time would.
+        Without it a kernel that never ends ran to the step's limit (180 s), then once more alone
+        (a timeout while sharing is re-run alone), and while it ran in a shared section no timed
+        window on its GPU could open. The call includes the reference's own set-up, so the limit
+        errs long."""
+        req = self.req
+        self._fill(self.check_set, int(req.seed))
+        descs, seconds, fds = self._call(self.ref, -1, 0, "correctness")
+        share.release(descs, fds, req.device)
+        self._limit_ref_ms = seconds * 1000.0
+        req.call_limit_s = max(float(req.call_timeout_floor_s), float(req.call_timeout_ref_factor) * seconds)
 
     def _correctness(self) -> None:
         req = self.req

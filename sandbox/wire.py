@@ -70,6 +70,9 @@ class StepRequest:
     excessive_speedup_threshold: float = 10.0
     ref_runtime_ms: float | None = None   # the pool's known reference time (None: the judge times it)
     call_limit_s: float | None = None     # one call of the candidate, at most (None: the step's limit only)
+    # with no call_limit_s, the judge sizes one from a call of the reference it makes first (0: it does not)
+    call_timeout_floor_s: float = 0.0
+    call_timeout_ref_factor: float = 0.0
     timeout_s: float = 0.0
     timed: bool = False
     timing_probe: bool = False     # extra timed windows reported in wall_s (probe_*_ms), never in the speedup

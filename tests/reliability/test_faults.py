@@ -176,3 +176,23 @@ async def test_the_pool_says_what_its_evaluations_under_way_are_doing(sandbox_cf
     ages = [s["oldest_s"] for s in seen if s["queued"] + s["build"] + s["run"] == 2]
     assert ages == sorted(ages) and ages[-1] > 0.3, ages  # the first one, ageing
     assert after == {"queued": 0.0, "build": 0.0, "run": 0.0}
+
+
+async def test_a_kernel_that_never_ends_is_cut_at_its_call_limit_before_any_reference_time_is_known(sandbox_cfg):
+    """A fresh pool knows no reference time (in an RL run a task stays so until an answer passes):
+    the judge calls the reference once first and sizes the answer's call limit from it, so a
+    never-ending forward is cut after 3x the floor, flagged call_over_limit and not re-run alone,
+    rather than at the step's limit and then again alone."""
+    hung = ("import torch.nn as nn\nTAG = 'fresh'\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
+            "        while True:\n            pass\n")
+    async with SandboxPool(sandbox_cfg) as pool:
+        t0 = time.monotonic()
+        res = await asyncio.wait_for(pool.evaluate(RELU, hung, "cpu", run_timeout_s=60.0, call_timeout_floor_s=3.0),
+                                     timeout=150)
+        took = time.monotonic() - t0
+        stats = pool.stats()
+    assert res.error_kind == "timeout" and "call_over_limit" in res.flags, res
+    assert "one call of the answer did not finish within 9 s" in res.error and "x the reference's" in res.error, res.error
+    assert "call_limit_ref" in res.wall_s, res.wall_s
+    assert took < 30.0, took  # the step's own limit would be 60 s, then 60 more alone
+    assert stats.get("rerun_alone", 0.0) == 0.0 and stats.get("lost_workers", 0.0) == 0.0, stats
