@@ -490,7 +490,7 @@ class RunStep(InputSets):
                 # warmup + runs of its calls, to measure a speedup far below 1 to a precision no
                 # reward needs: it makes the calls that fit the budget, at least _MIN_SLOW_RUNS timed,
                 # each of them checked (fewer calls must not mean fewer chances to catch a wrong one)
-                warmup = 1
+                warmup = min(warmup, 1)  # the call just made was it (with no warm-up, it was timed)
                 runs = max(_MIN_SLOW_RUNS, min(runs, int(budget / max(seconds, 1e-9)) - 1))
                 checked = set(range(runs)) if check else set()
                 self.result["flags"] = sorted({*self.result["flags"], TIMING_CUT})
