@@ -16,6 +16,8 @@ import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 
+from rewards.interface import IN_FLIGHT_STAGES
+
 if TYPE_CHECKING:
     from tqdm import tqdm
 
@@ -86,7 +88,7 @@ class Activity:
         return "; ".join(parts.values())
 
 
-EVAL_STAGES = (("queued", "queued"), ("build", "building"), ("run", "at the device (waiting for it or running)"))
+STAGE_WORDS = {"queued": "queued", "build": "building", "run": "at the device (waiting for it or running)"}
 
 
 def evaluator_detail(live: list[dict[str, float]]) -> str:
@@ -94,10 +96,10 @@ def evaluator_detail(live: list[dict[str, float]]) -> str:
     their progress): the reward tail of a step in the evaluator's terms. Empty where none report."""
     if not any(k.startswith("eval/") for w in live for k in w):
         return ""
-    counts = [(words, sum(int(w.get(f"eval/{stage}", 0)) for w in live)) for stage, words in EVAL_STAGES]
+    counts = [(STAGE_WORDS[stage], sum(int(w.get(f"eval/{stage}", 0)) for w in live)) for stage in IN_FLIGHT_STAGES]
     text = ": " + ", ".join(f"{n} {words}" for words, n in counts if n) if any(n for _, n in counts) else ""
     oldest = [w for w in live if "eval/oldest_s" in w]
     if oldest:
         w = max(oldest, key=lambda w: w["eval/oldest_s"])
-        text += f"; the oldest {w['eval/oldest_s']:.0f} s, {EVAL_STAGES[int(w['eval/oldest_stage'])][1]}"
+        text += f"; the oldest {w['eval/oldest_s']:.0f} s, {STAGE_WORDS[IN_FLIGHT_STAGES[int(w['eval/oldest_stage'])]]}"
     return text

@@ -53,6 +53,7 @@ def batch_tasks(tasks: list[Any], batch: int, k: int, seed: int, shuffle: bool) 
 
 SAME_STOP_S = 1.0  # a stop request this soon after the first is the same one, delivered twice
 
+
 class Loop:
     def __init__(self, cfg: PipelineConfig, parts: LoopParts, timeline_every: int,
                  start_step: int = 0, version: int = 0, pending: list[Sample] | None = None,

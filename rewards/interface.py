@@ -16,8 +16,9 @@ from typing import Any, Protocol, runtime_checkable
 from rewards.config import RewardConfig, ToyEnvConfig  # env schemas the root config composes
 from rewards.scrub import scrub  # the secret scrubber, for text the pipeline writes itself
 from sandbox.config import SandboxConfig  # the kernel env's sandbox schema, composed likewise
+from sandbox.result import IN_FLIGHT_STAGES  # the stages RewardEnv.in_flight counts, in order
 
-__all__ = ["ENVS", "SandboxConfig", "RewardConfig", "RewardEnv", "TaskRef", "ToyEnvConfig", "Turn",
+__all__ = ["ENVS", "IN_FLIGHT_STAGES", "SandboxConfig", "RewardConfig", "RewardEnv", "TaskRef", "ToyEnvConfig", "Turn",
            "TurnOutcome", "check_env_config", "env_spec", "evaluation_memory", "kernel_env", "scrub"]
 
 ENVS = ("kernel", "toy")  # the root config's ``env`` key: which RewardEnv the samplers build

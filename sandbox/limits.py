@@ -2,12 +2,17 @@
 
 The limits are sized from the task (its reference time, once a step measured it): a fixed limit
 either cuts slow tasks' correct answers or lets a never-ending kernel hold the GPU and its batch's
-last reward for minutes. Pure functions of the configuration and a step's outcome, for the pool.
+last reward for minutes. Pure functions of the configuration and a step's outcome, for the pool
+(and call_limit for the judge too).
 """
 from __future__ import annotations
 
-from sandbox.config import SandboxConfig
-from sandbox.launch import StepOutcome
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the judge imports call_limit, and none of the pool's modules
+    from sandbox.config import SandboxConfig
+    from sandbox.launch import StepOutcome
+    from sandbox.wire import StepRequest
 
 
 def maybe_crowded(out: StepOutcome) -> bool:
@@ -33,8 +38,9 @@ def run_limit(cfg: SandboxConfig, ref_ms: float | None) -> float:
     return float(cfg.run_timeout_s) + 10.0 * calls * ref_ms / 1000.0
 
 
-def call_limit(cfg: SandboxConfig, ref_ms: float | None) -> float | None:
-    """One call of the answer, at most, once the reference's time is known: a kernel that never
+def call_limit(cfg: SandboxConfig | StepRequest, ref_ms: float | None) -> float | None:
+    """One call of the answer, at most, once the reference's time is known (to the pool, or to the
+    judge from its own first call of the reference, run_step): a kernel that never
     ends (an RL policy writes them: a loop bound sampled wrong) then holds its step, its GPU
     reservation and its batch's last reward for ~20 s rather than the whole run limit twice over
     (the limit, then the re-run alone that a timeout while sharing gets). A thousand times the

@@ -40,7 +40,7 @@ from sandbox.device_gate import DeviceGate
 from sandbox.gpu_probe import IsolationProbe, ProbeVerdict, choose_isolation
 from sandbox.launch import Launcher, kill_group, scrubbed_env, step_result
 from sandbox.limits import call_limit, maybe_crowded, run_limit
-from sandbox.result import SandboxResult, mark_refused_build
+from sandbox.result import IN_FLIGHT_STAGES, SandboxResult, mark_refused_build
 
 __all__ = ["SandboxPool", "as_sandbox_config", "scrubbed_env"]
 
@@ -142,13 +142,13 @@ class SandboxPool:
         ``build`` (waiting for or in a compile step), ``run`` (waiting for the device or running:
         load, correctness, timing); ``oldest_s`` the age of the longest one, ``oldest_stage`` its
         stage's index in that order. What the loop's heartbeat shows of a step's reward tail."""
-        now, order = time.monotonic(), ("queued", "build", "run")
-        out = {stage: 0.0 for stage in order}
+        now = time.monotonic()
+        out = {stage: 0.0 for stage in IN_FLIGHT_STAGES}
         for stage, _ in self._in_flight.values():
             out[stage] += 1
         if self._in_flight:
             stage, since = min(self._in_flight.values(), key=lambda v: v[1])
-            out.update(oldest_s=now - since, oldest_stage=float(order.index(stage)))
+            out.update(oldest_s=now - since, oldest_stage=float(IN_FLIGHT_STAGES.index(stage)))
         return out
 
     def _at(self, token: int | None, stage: str) -> None:

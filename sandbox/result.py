@@ -9,6 +9,9 @@ from sandbox.flags import DISALLOWED_MESSAGE
 
 # The flag of a build the build hook refused (sandbox.flags): the call raised before anything was built
 REFUSED_BUILD = "disallowed_build_argument"
+# the stages of an evaluation under way, in order (SandboxPool.in_flight counts them; its
+# ``oldest_stage`` is an index into this)
+IN_FLIGHT_STAGES = ("queued", "build", "run")
 
 # Stages in protocol order; `stage` names the last one reached.
 STAGES = ("load", "compile", "correctness", "timing", "done")

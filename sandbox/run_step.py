@@ -12,6 +12,7 @@ from sandbox.footprint import BIG_INPUTS
 from sandbox.gate import Gate
 from sandbox.input_sets import InputSets
 from sandbox.judge import Lost, Runner
+from sandbox.limits import call_limit
 from sandbox.wire import MARKER, RUNNER_FLAGS, Forged, StepRequest, reported_failure
 
 _perf_counter = time.perf_counter  # captured before any answer exists anywhere near this process
@@ -409,7 +410,7 @@ class RunStep(InputSets):
         descs, seconds, fds = self._call(self.ref, -1, 0, "correctness")
         share.release(descs, fds, req.device)
         self._limit_ref_ms = seconds * 1000.0
-        req.call_limit_s = max(float(req.call_timeout_floor_s), float(req.call_timeout_ref_factor) * seconds)
+        req.call_limit_s = call_limit(req, self._limit_ref_ms)
 
     def _correctness(self) -> None:
         req = self.req
