@@ -27,10 +27,13 @@ if [ -d .devpkgs ]; then bash .devpkgs/install.sh >/dev/null 2>&1 || echo "devpk
 . bench/device_env.sh
 model=/tmp/models/$name
 [ -f "$model/config.json" ] || { echo "no $model: run bench/device_model.sh join $name first"; exit 2; }
-# level-1 train tasks whose one evaluation may hold at most 6.5 GiB (the sandbox's estimate), so four
-# run at once in the 29 GB an H100 has left beside the engine and the trainer; the elementwise ones
-# (4096 x 393216 floats) need ~51 GiB each and ran the trainer out of memory (2026-12-07)
-TASKS=${TASKS:-L1/88_MinGPTNewGelu,L1/40_LayerNorm,L1/12_Matmul_with_diagonal_matrices_,L1/2_Standard_matrix_multiplication_,L1/18_Matmul_with_transposed_both,L1/13_Matmul_for_symmetric_matrices,L1/14_Matmul_for_upper_triangular_matrices,L1/15_Matmul_for_lower_triangular_matrices,L1/8_Matmul_with_irregular_shapes_,L1/10_3D_tensor_matrix_multiplication}
+# KernelBench level-1 train tasks of the corpus's kind (elementwise: what the SFT taught), at
+# KernelBench's earlier 4096 x 16384 (SIZES; their files' 4096 x 393216 take ~51 GiB an evaluation,
+# more than an H100 has beside the engine and the trainer). From matmuls, LayerNorm and GELU the SFT
+# model wrote no correct kernel in 128 answers: every group scored 0, nothing to learn (2026-12-07).
+ew="L1/19_ReLU L1/20_LeakyReLU L1/21_Sigmoid L1/25_Swish L1/26_GELU_ L1/27_SELU_ L1/28_HardSigmoid L1/29_Softplus L1/31_ELU"
+TASKS=${TASKS:-$(echo $ew L1/88_MinGPTNewGelu | tr ' ' ',')}
+SIZES=${SIZES:-$(for t in $ew; do printf "'%s:dim=16384'," "$t"; done | sed 's/,$//')}
 work=/tmp/kevin
 mkdir -p "$work"
 left() { echo $((LIMIT - (SECONDS - t_start))); }
@@ -66,7 +69,7 @@ fi
 # turns a step; the curve reaches $OUT every 15 s
 export KILL_GRACE=${KILL_GRACE:-60}
 run_copying "$run" "$out" "$out/rl.log" $(( $(left) - 20 - KILL_GRACE )) python3 -m pipeline.main +experiment=kernel_multiturn_qwen1p5b \
-  model.path="$start" reward.tasks=.kb/KernelBench reward.levels=[1,2] "reward.task_ids=[${TASKS}]" \
+  model.path="$start" reward.tasks=.kb/KernelBench reward.levels=[1,2] "reward.task_ids=[${TASKS}]" "reward.sizes=[${SIZES}]" \
   rollout.n_trajectories=4 pipeline.tasks_per_batch=4 rollout.max_response_length=2048 \
   sandbox.compile_workers=8 sandbox.max_jobs=2 sandbox.cache_dir="$work/build_cache" \
   pipeline.heartbeat_s=30 checkpoint.every=${CKPT_EVERY:-3} checkpoint.keep_last=1 logger=console hydra.run.dir="$run" "${lora[@]}" "$@"

@@ -32,6 +32,7 @@ class RewardConfig:
     skip_invalid_tasks: bool = MISSING  # warn and skip bad task files instead of failing
     max_tasks: int | None = MISSING     # keep only the first N tasks (null: all)
     task_ids: list[str] = field(default_factory=lambda: MISSING)  # keep only these tasks ([]: all)
+    sizes: list[str] = field(default_factory=lambda: MISSING)  # "TASK_OR_PATTERN:NAME=INT,...": sizes set by name (rewards/tasks/sizes.py)
     holdout_frac: float = MISSING
     split_seed: int = MISSING
     correct_weight: float = MISSING     # score = correct_weight * correct + speedup_weight * speedup * correct
@@ -89,7 +90,8 @@ def load_reward_config(name: str = "kernel", dotlist: list[str] | None = None, *
 def validate(cfg: RewardConfig) -> None:
     """Semantic checks; each message names the key (``reward.<key>``) and what was expected."""
     from rewards.rules import RULES
-    from rewards.tasks import PROFILES
+    from rewards.tasks import PROFILES, TaskError
+    from rewards.tasks.sizes import parse_entry
 
     errors = []
     if cfg.backend not in BACKENDS:
@@ -114,6 +116,11 @@ def validate(cfg: RewardConfig) -> None:
     for key in ("feedback_log_chars", "verdict_text_chars", "max_answer_chars", "max_summary_chars"):
         if getattr(cfg, key) < 1:
             errors.append(f"reward.{key}={getattr(cfg, key)}: expected >= 1")
+    for entry in cfg.sizes:
+        try:
+            parse_entry(entry)
+        except TaskError as e:
+            errors.append(str(e))
     unknown = [r for r in cfg.rules.enabled if r not in RULES]
     if unknown:
         errors.append(f"reward.rules.enabled has unknown rule(s) {unknown}; known: {', '.join(RULES)}")

@@ -28,6 +28,7 @@ from rewards.rules import RuleSettings, Violation, check_rules
 from rewards.score import score_result
 from rewards.scrub import Scrubber, default_scrubber
 from rewards.tasks import Task, TaskError, load_builtin, load_kernelbench, split
+from rewards.tasks.sizes import resize_tasks
 from sandbox.result import REFUSED_BUILD, SandboxResult
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ class KernelEnv:
             all_tasks = load_kernelbench(cfg.tasks, levels, profile=cfg.profile, skip_invalid=cfg.skip_invalid_tasks)
         if not all_tasks:
             raise ValueError(f"reward.tasks={cfg.tasks!r} levels={levels}: no tasks found")
+        all_tasks = resize_tasks(all_tasks, list(cfg.sizes))  # before the GPU fit: it is what runs
         train, holdout = split(all_tasks, cfg.holdout_frac, cfg.split_seed)
         if self.backend in ("cuda", "triton"):
             # after the split: a task this device cannot hold leaves its own split and moves no other

@@ -61,12 +61,32 @@ def apply_profile(source: str, path: str, profile: str) -> str:
     if sizes_node is None:
         return source  # e.g. a KernelBench file: one size only
     sizes = _cpu_sizes(sizes_node, path) if profile == "cpu" else {}
+    return _rewrite(source, tree, sizes, path, _SIZES_NAME, drop=sizes_node)
+
+
+def resize(source: str, path: str, sizes: dict[str, int], what: str = "reward.sizes") -> str:
+    """The task text with the module-level constants ``sizes`` names set to its values (e.g.
+    KernelBench's ``dim = 393216`` -> ``dim = 16384``); ``what`` names the setting in errors."""
+    return _rewrite(source, parse_task_source(source, path), sizes, path, what)
+
+
+def int_constants(source: str) -> set[str]:
+    """Names of the module-level ``NAME = <int>`` assignments of a task source."""
+    return {n.targets[0].id for n in ast.parse(source).body
+            if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+            and isinstance(n.value, ast.Constant) and type(n.value.value) is int}
+
+
+def _rewrite(source: str, tree: ast.Module, sizes: dict[str, object], path: str, what: str,
+             drop: ast.Assign | None = None) -> str:
+    """``source`` with each module-level assignment to a name of ``sizes`` replaced by its value,
+    and the ``drop`` node (with a comment line about CPU sizes just above it) removed."""
     lines = source.splitlines(keepends=True)
     replaced: dict[int, str] = {}   # 0-based first line -> new text (covering the node's lines)
     spans: list[tuple[int, int]] = []
     assigned = set()
     for node in tree.body:
-        if node is sizes_node:
+        if node is drop:
             start = node.lineno - 1
             # the comment line explaining CPU_SIZES belongs to it
             if start > 0 and lines[start - 1].lstrip().startswith("#") and "cpu" in lines[start - 1].lower():
@@ -81,7 +101,7 @@ def apply_profile(source: str, path: str, profile: str) -> str:
             replaced[node.lineno - 1] = f"{name} = {sizes[name]!r}\n"
     unknown = set(sizes) - assigned
     if unknown:
-        raise TaskError(f"{path}: {_SIZES_NAME} names {sorted(unknown)} that are not module-level constants")
+        raise TaskError(f"{path}: {what} names {sorted(unknown)} that are not module-level constants")
     out: list[str] = []
     skip_until = -1
     for i, line in enumerate(lines):

@@ -189,3 +189,52 @@ def test_full_profile_shapes_check_out_on_the_meta_device():
         assert all(o.device.type == "meta" for o in (out if isinstance(out, tuple) else (out,))), task.id
         if task.level == 1:
             assert max(x.numel() for x in inputs) >= 16 * 2**20, task.id  # kernel time >> launch overhead
+
+
+def test_sizes_set_constants_by_task_id_and_pattern(checkout):
+    from rewards.tasks.sizes import resize_tasks
+
+    tasks = load_kernelbench(checkout, levels=[1, 2])
+    one = resize_tasks(tasks, ["L1/2_Two:N=64"])
+    by_id = {t.id: t for t in one}
+    assert "N = 64\n" in by_id["L1/2_Two"].source and "N = 1024\n" in by_id["L1/1_One"].source
+    ast.parse(by_id["L1/2_Two"].source)  # still one valid file
+    assert by_id["L1/2_Two"].source.replace("N = 64", "N = 1024") == {t.id: t for t in tasks}["L1/2_Two"].source
+    # a pattern: every match that assigns the name; the later entry wins
+    many = {t.id: t.source for t in resize_tasks(tasks, ["L1/*:N=32", "L1/10_*:N=16"])}
+    assert "N = 32\n" in many["L1/1_One"] and "N = 16\n" in many["L1/10_Ten"] and "N = 1024\n" in many["L2/3_Fused"]
+
+
+@pytest.mark.parametrize("entry, words", [
+    ("L1/2_Two", "TASK_ID_OR_PATTERN:NAME=INT"),           # no sizes
+    ("L1/2_Two:N=0", "positive"),                          # not a size
+    ("L1/2_Two:N=big", "positive"),
+    ("L1/99_Nine:N=8", "changes no task"),                 # no such task
+    ("L3/*:N=8", "changes no task"),                       # a pattern that matches nothing
+    ("L1/*:M=8", "changes no task"),                       # a pattern whose name no match assigns
+    ("L1/2_Two:M=8", "not module-level constants"),        # one task, a name it does not assign
+])
+def test_a_bad_sizes_entry_is_an_error_naming_it(checkout, entry, words):
+    from rewards.tasks.sizes import resize_tasks
+
+    with pytest.raises(TaskError, match="reward.sizes") as e:
+        resize_tasks(load_kernelbench(checkout, levels=[1, 2]), [entry])
+    assert words in str(e.value) and entry.split(":")[0] in str(e.value)
+
+
+def test_the_env_prompts_and_runs_the_resized_task():
+    from rewards.config import load_reward_config
+    from rewards.env import KernelEnv
+
+    cfg = load_reward_config("kernel", backend="cpu", holdout_frac=0.0, sizes=["L1/17_relu:BATCH=3,DIM=5"])
+    env = KernelEnv(cfg, eval_pool=None)
+    task = env.task("L1/17_relu")
+    assert "BATCH = 3\n" in task.source and "DIM = 5\n" in task.source
+    from rewards.interface import TaskRef
+
+    assert "BATCH = 3\n" in env.messages(TaskRef(task.id), [])[1]["content"]  # what the model is shown
+    ns: dict = {}
+    exec(compile(task.source, task.path, "exec"), ns)
+    assert tuple(ns["get_inputs"]()[0].shape) == (3, 5)
+    with pytest.raises(ValueError, match="reward.sizes"):
+        load_reward_config("kernel", sizes=["L1/17_relu"])
