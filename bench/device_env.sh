@@ -8,18 +8,18 @@ export PYTHONPATH=/tmp/site:/tmp/vsite:$PWD PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_L
        RAY_DEDUP_LOGS=0 WANDB_MODE=disabled
 
 # run_copying RUN_DIR DEST LOG LIMIT_S CMD...: a pipeline run under a hard limit, its
-# RUN_DIR/metrics.jsonl copied to DEST every 15 s (a call cut by its own limit, or a machine taken
+# RUN_DIR/metrics.jsonl and samples.jsonl copied to DEST every 15 s (a call cut by its own limit, or a machine taken
 # back after it, still returns the steps it finished), then its metrics and timeline; CMD's status.
 # KILL_GRACE (s, default 15): after LIMIT_S the command gets SIGTERM (the pipeline finishes its step
 # and writes a checkpoint), then SIGKILL this much later
 run_copying() {
   local run=$1 dest=$2 log=$3 limit=$4 copier rc f
   shift 4
-  ( while sleep 15; do cp -f "$run/metrics.jsonl" "$dest/" 2>/dev/null; done ) &
+  ( while sleep 15; do cp -f "$run/metrics.jsonl" "$run/samples.jsonl" "$dest/" 2>/dev/null; done ) &
   copier=$!
   timeout -k "${KILL_GRACE:-15}" "$limit" "$@" >"$log" 2>&1
   rc=$?
   kill "$copier" 2>/dev/null
-  for f in metrics.jsonl timeline.png timeline.jsonl; do [ -f "$run/$f" ] && cp "$run/$f" "$dest/"; done
+  for f in metrics.jsonl samples.jsonl timeline.png timeline.jsonl; do [ -f "$run/$f" ] && cp "$run/$f" "$dest/"; done
   return $rc
 }

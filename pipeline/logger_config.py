@@ -22,6 +22,7 @@ class LoggerConfig:
     table_every: int = MISSING       # episode table every k steps (0: never)
     table_rows: int = MISSING
     timeline_every: int = MISSING    # timeline image every k steps (0: only at the end)
+    samples: bool = MISSING          # samples.jsonl: every scored turn's task, score and verdict (with the jsonl backend)
     console_keys: list[str] = field(default_factory=lambda: MISSING)
     name: Optional[str] = MISSING    # the W&B run's name (null: the run's name, a sweep job's overrides)
     dir: Optional[str] = MISSING     # where W&B keeps its files (null: the run dir)

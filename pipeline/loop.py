@@ -367,6 +367,7 @@ class Loop:
         self._log_drawn(step, wait=False)
         self.parts.logger.log(step, metrics)
         self.parts.logger.log_table(step, samples, self.parts.decode)
+        self.parts.logger.log_samples(samples)
         if self.timeline_every > 0 and (step + 1) % self.timeline_every == 0:
             self._draw(step)
 

@@ -114,6 +114,33 @@ def episode_rows(samples: list[Sample], k: int, decode: Any = None,
 EPISODE_COLUMNS = ["step", "task", "traj", "turn", "prompt_tail", "response_tail", "verdict", "score"]
 
 
+def sample_record(s: Sample) -> dict[str, Any]:
+    """One line of samples.jsonl: what a reward number came from, without the text (a step's 64
+    answers take ~30 KB): which task, turn and weights; the score and return; the evaluator's
+    verdict (times in ms, flags, the wall seconds the evaluation took)."""
+    o = s.outcome
+    v = (o.verdict if o is not None else None) or {}
+    wall = v.get("wall_s") or {}
+    return {"step": s.step, "uid": s.uid, "task": s.task_id, "traj": s.traj, "turn": s.turn,
+            "version": s.policy_version, "score": s.score, "return": s.ret,
+            "finish": s.finish_reason, "response_tokens": len(s.response_ids),
+            "parse_ok": bool(o and o.parse_ok), "compiled": bool(o and o.compiled),
+            "correct": bool(o and o.correct), "speedup": o.speedup if o is not None else None,
+            "error_kind": o.error_kind if o is not None else "pipeline_error", "hacks": list(o.hacks) if o else [],
+            "flags": list(v.get("flags") or []), "new_ms": v.get("new_runtime_ms"), "ref_ms": v.get("ref_runtime_ms"),
+            "eval_s": wall.get("total"), "gen_s": round(s.t_gen_end - s.t_gen_start, 3) if s.t_gen_end else None,
+            "error": (s.error or "")[:200] or None}
+
+
+def _reopen(path: Path, step: int) -> Any:
+    """``path`` opened for writing with only its lines of steps before ``step`` kept."""
+    kept = _lines_before(path, step) if step > 0 else []
+    f = open(path, "w")
+    f.writelines(kept)
+    f.flush()
+    return f
+
+
 def _lines_before(path: Path, step: int) -> list[str]:
     if not path.exists():
         return []
@@ -171,13 +198,12 @@ class MetricsLogger:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.jsonl = None
+        self.jsonl = self.samples = None
         if "jsonl" in cfg.backends:
-            path = self.run_dir / "metrics.jsonl"
-            kept = _lines_before(path, start_step) if resume else []
-            self.jsonl = open(path, "w")
             # steps logged after the checkpoint we resume from are run again: drop their lines
-            self.jsonl.writelines(kept)
+            self.jsonl = _reopen(self.run_dir / "metrics.jsonl", start_step if resume else 0)
+            if cfg.samples:
+                self.samples = _reopen(self.run_dir / "samples.jsonl", start_step if resume else 0)
         self.perf = dict(perf or {})
         self.wandb = None
         self.wandb_mode: str | None = None
@@ -241,14 +267,18 @@ class MetricsLogger:
         """Steps from ``step`` on are trained again (a restarted trainer): metrics.jsonl keeps one
         line per step, the new one. W&B steps only go forward: it keeps the first values of a
         redone step and gets only the steps after the last one it has."""
-        if self.jsonl is None:
-            return
-        self.jsonl.close()
-        path = self.run_dir / "metrics.jsonl"
-        kept = _lines_before(path, step)
-        self.jsonl = open(path, "w")
-        self.jsonl.writelines(kept)
-        self.jsonl.flush()
+        if self.jsonl is not None:
+            self.jsonl.close()
+            self.jsonl = _reopen(self.run_dir / "metrics.jsonl", step)
+        if self.samples is not None:
+            self.samples.close()
+            self.samples = _reopen(self.run_dir / "samples.jsonl", step)
+
+    def log_samples(self, samples: list[Sample]) -> None:
+        """Every scored turn of a step, a line each (samples.jsonl; ``logger.samples``)."""
+        if self.samples is not None:
+            self.samples.writelines(json.dumps(sample_record(s), default=str) + "\n" for s in samples)
+            self.samples.flush()
 
     def log_table(self, step: int, samples: list[Sample], decode: Any = None) -> None:
         if self.cfg.table_every <= 0 or step % self.cfg.table_every:
@@ -269,9 +299,10 @@ class MetricsLogger:
             self.wandb.log({key: wandb.Image(str(path))}, step=step)
 
     def close(self) -> None:
-        if self.jsonl is not None:
-            self.jsonl.close()
-            self.jsonl = None
+        for f in (self.jsonl, self.samples):
+            if f is not None:
+                f.close()
+        self.jsonl = self.samples = None
         if self.wandb is not None:
             self.wandb.finish()
             self.wandb = None

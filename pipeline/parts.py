@@ -94,6 +94,10 @@ class Logger(Protocol):
 
     def log_image(self, step: int, key: str, path: Path) -> None: ...
 
+    def log_samples(self, samples: list[Sample]) -> None:
+        """Every scored turn of a step (samples.jsonl)."""
+        ...
+
     def rewind(self, step: int) -> None:
         """Steps from ``step`` on are logged again (a restarted trainer trains them again)."""
         ...

@@ -205,3 +205,39 @@ def test_perf_context_counts_shared_gpus_once():
     assert perf_context(cfg, info, colocated=True) == {"gpus": 2, "trainer_gpus": 1, "params": 7e9,
                                                        "peak_flops": 989e12}
     assert perf_context(cfg, None, colocated=False)["gpus"] == 3
+
+
+def test_samples_jsonl_has_every_scored_turn_and_a_resume_drops_the_steps_run_again(tmp_path):
+    cfg = logger_cfg(backends=["jsonl"])
+
+    def turn(step, traj, correct):
+        verdict = {"new_runtime_ms": 0.5, "ref_runtime_ms": 1.0, "flags": ["timing_cut"], "wall_s": {"total": 3.2}}
+        outcome = TurnOutcome(score=1.3 if correct else 0.0, feedback="", parse_ok=True, compiled=True,
+                              correct=correct, speedup=2.0 if correct else None,
+                              error_kind=None if correct else "wrong_output", verdict=verdict)
+        return Sample(uid=f"{step}/L1/19_ReLU/{traj}/0", step=step, task_id="L1/19_ReLU", traj=traj, turn=0,
+                      prompt_ids=[1], response_ids=[2, 3, 4], logprobs=[], finish_reason="stop",
+                      score=outcome.score, policy_version=step, outcome=outcome, t_gen_start=1.0, t_gen_end=2.5)
+
+    log = MetricsLogger(cfg, tmp_path, "r", {})
+    for step in range(3):
+        log.log_samples([turn(step, 0, True), turn(step, 1, False)])
+    log.close()
+    lines = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [(x["step"], x["traj"]) for x in lines] == [(s, t) for s in range(3) for t in (0, 1)]
+    first = lines[0]
+    assert (first["task"], first["score"], first["speedup"], first["correct"]) == ("L1/19_ReLU", 1.3, 2.0, True)
+    assert (first["new_ms"], first["ref_ms"], first["flags"], first["eval_s"], first["gen_s"]) == \
+        (0.5, 1.0, ["timing_cut"], 3.2, 1.5)
+    assert lines[1]["error_kind"] == "wrong_output" and lines[1]["response_tokens"] == 3
+    # resumed from the checkpoint of step 1: steps 1 and 2 are sampled again
+    log = MetricsLogger(cfg, tmp_path, "r", {}, resume=True, start_step=1)
+    log.log_samples([turn(1, 5, True)])
+    log.rewind(1)  # a restarted trainer: step 1 again
+    log.log_samples([turn(1, 6, True)])
+    log.close()
+    again = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [(x["step"], x["traj"]) for x in again] == [(0, 0), (0, 1), (1, 6)]
+    cfg.samples = False
+    MetricsLogger(cfg, tmp_path / "off", "r", {}).log_samples([turn(0, 0, True)])
+    assert not (tmp_path / "off" / "samples.jsonl").exists()

@@ -105,6 +105,9 @@ class FakeLogger:
     def log_table(self, step, samples, decode=None):
         pass
 
+    def log_samples(self, samples):
+        pass
+
     def log_image(self, step, key, path):
         pass
 
