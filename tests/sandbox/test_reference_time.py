@@ -122,3 +122,27 @@ def test_the_reference_reports_its_peak_memory_only_from_calls_off_the_clock():
     ours.close()
     assert replies[0]["ok"] and "peak_bytes" not in replies[0], replies
     assert replies[1]["ok"] and isinstance(replies[1]["peak_bytes"], int), replies
+
+
+async def test_a_win_is_credited_against_the_faster_of_the_known_and_the_paired_reference(sandbox_cfg):
+    """The reference timed right after a winning answer can fall in a busy moment the answer's
+    window missed: the credited reference time is the faster of the pool's known time and that one
+    (load only ever slows a call). Here the paired window is made slow by the task itself (its
+    reference sleeps 10 ms a call) and the known time is set to a quarter of it: the answer, which
+    skips the sleep, is credited against the known time, and the paired one is reported."""
+    task = ADD.replace("return a + b", "time.sleep(0.01)\n        return a + b").replace(
+        "import torch", "import time\nimport torch", 1) + "\n# a task of its own: a slow paired reference\n"
+    assert "time.sleep(0.01)" in task
+    cfg = dataclasses.replace(sandbox_cfg, reference_samples=1)
+    async with SandboxPool(cfg) as pool:
+        first = await pool.evaluate(task, _SAME + "\n# first\n", "cpu")
+        assert first.correct and first.timed, first
+        (tkey, (paired, n)), = pool._ref.items()
+        pool._ref[tkey] = (paired / 4.0, n)   # as if the pool had timed it on a quieter moment
+        win = await pool.evaluate(task, _SAME + "\n# again\n", "cpu")
+    assert win.correct and win.timed, win
+    assert win.new_runtime_ms < paired / 4.0, (win.new_runtime_ms, paired)   # it looks faster: paired
+    assert win.wall_s["ref_known_ms"] == round(paired / 4.0, 6), win.wall_s
+    assert win.wall_s["ref_paired_ms"] > paired / 4.0, win.wall_s
+    assert win.ref_runtime_ms == paired / 4.0, (win.ref_runtime_ms, paired)
+    assert win.speedup == win.ref_runtime_ms / win.new_runtime_ms
