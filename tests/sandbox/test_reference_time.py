@@ -146,3 +146,25 @@ async def test_a_win_is_credited_against_the_faster_of_the_known_and_the_paired_
     assert win.wall_s["ref_paired_ms"] > paired / 4.0, win.wall_s
     assert win.ref_runtime_ms == paired / 4.0, (win.ref_runtime_ms, paired)
     assert win.speedup == win.ref_runtime_ms / win.new_runtime_ms
+
+
+async def test_with_reference_per_step_a_win_must_survive_a_second_reference_window(sandbox_cfg):
+    """With ``reference_per_step`` (a GPU shared with generation and training) no known time exists:
+    a win is checked against a second window of the reference, timed after the first with the
+    answer gone, and the faster counts. The task's reference is slow (10 ms a call) in its first
+    timed window only, as if a burst of other work fell on it: the answer that does what the
+    reference does is credited ~1x against the second window, not ~10x against the first."""
+    # the reference's calls: one sizes the call limit, 3 check correctness, then 1 warm-up + 5 timed
+    # (calls 5-10: the first window), then the second window
+    slow_first_window = ADD.replace("return a + b", "global _CALLS\n        _CALLS += 1\n"
+                                    "        if 5 <= _CALLS <= 10:\n            time.sleep(0.01)\n"
+                                    "        return a + b").replace("import torch", "import time\nimport torch", 1)
+    task = slow_first_window.replace("class Model", "_CALLS = 0\n\n\nclass Model", 1) + "\n# a burst on the first window\n"
+    cfg = dataclasses.replace(sandbox_cfg, reference_per_step=True)
+    async with SandboxPool(cfg) as pool:
+        res = await pool.evaluate(task, _SAME + "\n# per step\n", "cpu")
+    assert res.correct and res.timed, res
+    assert res.wall_s["ref_timing"] > 0.05, res.wall_s   # the first window: 6 calls of >= 10 ms
+    assert res.wall_s["ref_again_ms"] < 5.0, res.wall_s
+    assert round(res.ref_runtime_ms, 6) == res.wall_s["ref_again_ms"], (res.ref_runtime_ms, res.wall_s)
+    assert res.speedup < 3.0, (res.speedup, res.ref_runtime_ms, res.new_runtime_ms)
