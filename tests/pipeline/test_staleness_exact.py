@@ -155,7 +155,8 @@ def with_loop(parts, k, tmp_path):
         trained.append(by_uid(samples))
         return parts.build(samples, step)
 
-    logger = SimpleNamespace(log=lambda *a: None, log_table=lambda *a: None, log_image=lambda *a: None,
+    logger = SimpleNamespace(log=lambda *a: None, log_table=lambda *a: None, log_samples=lambda *a: None,
+                             log_image=lambda *a: None,
                              rewind=lambda step: None)
     loop = Loop(cfg, LoopParts(
         samplers=parts.samplers, trainer=parts.local_trainer, weight_push=parts.push, tasks=parts.tasks,
