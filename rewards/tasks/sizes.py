@@ -7,7 +7,7 @@ trainer. Kevin-32B trained on KernelBench's earlier, smaller sizes. An entry
     "L1/19_ReLU:dim=16384"            one task
     "L1/2*:batch_size=4096,dim=16384" every task whose id matches the pattern (fnmatch)
 
-sets those module-level integer constants of the matched tasks' sources, so the model is prompted
+sets those module-level constants of the matched tasks' sources, so the model is prompted
 with, and the sandbox runs, the task at that size. An entry that names one task must name
 constants it assigns; a pattern changes, in each task it matches, the constants that task assigns,
 and must change at least one task. Any other mistake is an error naming the entry.
@@ -18,7 +18,7 @@ import dataclasses
 import fnmatch
 from collections.abc import Sequence
 
-from rewards.tasks.source import int_constants, resize
+from rewards.tasks.source import constants, resize
 from rewards.tasks.task import Task, TaskError
 
 _GLOB = set("*?[")
@@ -54,7 +54,7 @@ def resize_tasks(tasks: Sequence[Task], entries: Sequence[str], where: str = "re
         for i, task in enumerate(out):
             if not (fnmatch.fnmatchcase(task.id, pattern) if glob else task.id == pattern):
                 continue
-            names = sizes if not glob else {k: v for k, v in sizes.items() if k in int_constants(task.source)}
+            names = sizes if not glob else {k: v for k, v in sizes.items() if k in constants(task.source)}
             if names:
                 out[i] = dataclasses.replace(task, source=resize(task.source, task.path, names,
                                                                  f"{where} entry {entry!r}"))

@@ -34,10 +34,16 @@ def parse_task_source(source: str, path: str) -> ast.Module:
     return tree
 
 
+def _assigned(node: ast.stmt) -> str | None:
+    """The name a module-level ``NAME = ...`` statement sets (None for any other statement)."""
+    if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        return node.targets[0].id
+    return None
+
+
 def _sizes_node(tree: ast.Module) -> ast.Assign | None:
     for node in tree.body:
-        if (isinstance(node, ast.Assign) and len(node.targets) == 1
-                and isinstance(node.targets[0], ast.Name) and node.targets[0].id == _SIZES_NAME):
+        if isinstance(node, ast.Assign) and _assigned(node) == _SIZES_NAME:
             return node
     return None
 
@@ -70,11 +76,10 @@ def resize(source: str, path: str, sizes: dict[str, int], what: str = "reward.si
     return _rewrite(source, parse_task_source(source, path), sizes, path, what)
 
 
-def int_constants(source: str) -> set[str]:
-    """Names of the module-level ``NAME = <int>`` assignments of a task source."""
-    return {n.targets[0].id for n in ast.parse(source).body
-            if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
-            and isinstance(n.value, ast.Constant) and type(n.value.value) is int}
+def constants(source: str) -> set[str]:
+    """Names of the module-level ``NAME = ...`` assignments of a task source: what :func:`resize`
+    can set (``dim = 393216`` and ``N = 2048 * 2`` alike)."""
+    return {name for name in map(_assigned, ast.parse(source).body) if name is not None}
 
 
 def _rewrite(source: str, tree: ast.Module, sizes: dict[str, object], path: str, what: str,
@@ -93,9 +98,7 @@ def _rewrite(source: str, tree: ast.Module, sizes: dict[str, object], path: str,
                 start -= 1
             spans.append((start, node.end_lineno))
             replaced[start] = ""
-        elif (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-              and node.targets[0].id in sizes):
-            name = node.targets[0].id
+        elif (name := _assigned(node)) in sizes:
             assigned.add(name)
             spans.append((node.lineno - 1, node.end_lineno))
             replaced[node.lineno - 1] = f"{name} = {sizes[name]!r}\n"

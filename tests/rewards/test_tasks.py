@@ -203,6 +203,10 @@ def test_sizes_set_constants_by_task_id_and_pattern(checkout):
     # a pattern: every match that assigns the name; the later entry wins
     many = {t.id: t.source for t in resize_tasks(tasks, ["L1/*:N=32", "L1/10_*:N=16"])}
     assert "N = 32\n" in many["L1/1_One"] and "N = 16\n" in many["L1/10_Ten"] and "N = 1024\n" in many["L2/3_Fused"]
+    # a constant KernelBench writes as an expression (N = 2048 * 2) is one a pattern reaches too
+    from rewards.tasks.source import constants
+
+    assert constants("N = 2048 * 2\nM: int = 3\na, b = 1, 2\n") == {"N"}
 
 
 @pytest.mark.parametrize("entry, words", [
@@ -225,13 +229,12 @@ def test_a_bad_sizes_entry_is_an_error_naming_it(checkout, entry, words):
 def test_the_env_prompts_and_runs_the_resized_task():
     from rewards.config import load_reward_config
     from rewards.env import KernelEnv
+    from rewards.interface import TaskRef
 
     cfg = load_reward_config("kernel", backend="cpu", holdout_frac=0.0, sizes=["L1/17_relu:BATCH=3,DIM=5"])
     env = KernelEnv(cfg, eval_pool=None)
     task = env.task("L1/17_relu")
     assert "BATCH = 3\n" in task.source and "DIM = 5\n" in task.source
-    from rewards.interface import TaskRef
-
     assert "BATCH = 3\n" in env.messages(TaskRef(task.id), [])[1]["content"]  # what the model is shown
     ns: dict = {}
     exec(compile(task.source, task.path, "exec"), ns)
