@@ -8,7 +8,8 @@
 #
 # Env: LIMIT (s, whole script, default 570), LORA (adapter rank for RL, default 16; 0: full
 # fine-tuning), RL_LR (2e-5 with LoRA), SFT=0 skips the warm start (RL from the base model),
-# SFT_EPOCHS (2), SFT_LR (1e-5), CKPT_EVERY (3 steps; one checkpoint kept), KILL_GRACE (60 s between
+# SFT_EPOCHS (2), SFT_LR (1e-5), RL=0 stops after the warm start (a call that joins the model can
+# also train the SFT, leaving the next call's whole limit to RL), CKPT_EVERY (3 steps; one checkpoint kept), KILL_GRACE (60 s between
 # the RL run's SIGTERM, which ends its step and checkpoints, and SIGKILL), TASKS (comma-separated
 # train task ids of KernelBench's split of levels 1-2 at holdout_frac 0.2, seed 0; default below). Needs .devpkgs, the vLLM
 # bundle at /tmp/vsite and .kb/KernelBench. Writes under $OUT: corpus.log, sft.log, rl.log,
@@ -53,6 +54,7 @@ if [ "${SFT:-1}" = 1 ]; then
   fi
   [ -f "$work/sft/model/config.json" ] && start=$work/sft/model
 fi
+[ "${RL:-1}" = 0 ] && { echo "RL=0: stopping after the warm start ($start)"; exit 0; }
 echo "RL from $start, $(left) s left"
 run=$work/rl
 # a checkpoint carried from an earlier machine (.carry/ckpt.tar.NN, written by the pack below)
