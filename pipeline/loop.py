@@ -76,6 +76,8 @@ class Loop:
         self.stop_requested = False
         self._stop_at = 0.0  # monotonic time of the first stop request
         self._task: asyncio.Task | None = None  # the step loop's task: a second stop request cancels it
+        self._stop_event: asyncio.Event | None = None  # set by a stop request; made in the running loop
+        self._aloop: asyncio.AbstractEventLoop | None = None
         self.recovery = TrainerRecovery(  # where a lost trainer restarts from, what it trains again
             cfg.max_trainer_restarts, start_step, version, resumed_from, self.events)
         self.best_batch: tuple[int, float] | None = None  # (step, mean score) of the best batch so far
@@ -97,6 +99,8 @@ class Loop:
                 self._task.cancel()
             return
         self.stop_requested, self._stop_at = True, now
+        if self._stop_event is not None and self._aloop is not None:  # a signal handler's or a thread's
+            self._aloop.call_soon_threadsafe(self._stop_event.set)
         print("[pipeline] stop requested (Ctrl-C again abandons the step): finishing this step, "
               "then a checkpoint", file=sys.stderr, flush=True)
 
@@ -238,18 +242,43 @@ class Loop:
     async def _push_new(self, step: int) -> float:
         if self.cfg.partial_rollout:
             t = await self.push(self.version, step)
+        elif not await self._sampler_lock_unless_stopping():
+            return 0.0  # stopping: the batch in flight is made again on resume, the checkpoint holds the weights
         else:
-            async with self._sampler_lock:  # waits for the batch in flight to be generated
+            try:
                 t = await self.push(self.version, step)
+            finally:
+                self._sampler_lock.release()
         async with self._cond:
             self.sampler_version = self.version
             self._pushes += 1
             self._cond.notify_all()
         return t
 
+    async def _sampler_lock_unless_stopping(self) -> bool:
+        """The samplers' lock, taken once the batch in flight is generated, unless a stop request
+        comes first (False, lock not held). A stop must not wait on that batch: its tail can be a
+        build that runs to the sandbox's compile timeout, past a preemption's grace period, and then
+        the step just trained is lost with its checkpoint (2026-12-07, H100: a SIGTERM's step waited
+        >120 s on three builds)."""
+        acquire = asyncio.ensure_future(self._sampler_lock.acquire())
+        stop = asyncio.ensure_future(self._stop_event.wait())
+        try:
+            await asyncio.wait({acquire, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not acquire.done():
+                acquire.cancel()
+        if acquire.done() and not acquire.cancelled():
+            return True
+        return False
+
     async def _run(self) -> list[dict[str, float]]:
         cfg = self.cfg
         self._cond, self._sampler_lock = asyncio.Condition(), asyncio.Lock()
+        self._stop_event, self._aloop = asyncio.Event(), asyncio.get_running_loop()
+        if self.stop_requested:
+            self._stop_event.set()
         if cfg.initial_weight_push or self.start_step > 0:
             await self.push(self.version, self.start_step - 1)
         for b, samples in pending_by_step(self.pending).items():

@@ -349,3 +349,26 @@ def test_one_stop_request_delivered_twice_still_finishes_the_step_and_checkpoint
         with pytest.raises(asyncio.CancelledError):
             asyncio.run(loop.run())
         assert not [e for e in loop.events if e[0] == "checkpoint"]
+
+
+def test_a_stop_does_not_wait_for_the_batch_in_flight(tmp_path):
+    """one_off: the stop comes while batch 1 is being generated (a slow tail, as a build running to
+    the compile timeout). Step 0 is logged and checkpointed without waiting for it and without a
+    push; batch 1 is not carried, and the resumed run generates it again with the checkpoint's
+    weights."""
+    loop, _, _ = make(tmp_path, 1, steps=4, turns=2, turn_s=0.3, stop_at=0)
+    t0 = time.monotonic()
+    asyncio.run(loop.run())
+    took = time.monotonic() - t0
+    ev = loop.events
+    assert ("checkpoint", 0, 1) in ev
+    assert ("gen_done", 1, 0) not in ev[:ev.index(("checkpoint", 0, 1))]
+    assert not [e for e in ev if e[0] == "push"]
+    assert [line["step"] for line in loop.parts.logger.lines] == [0]
+    assert took < 2 * 8 * 0.3  # batch 0 alone (8 turns), not batch 1's as well
+    state = pickle.loads((tmp_path / "ckpt" / "step_000000" / "loop.pt").read_bytes())
+    assert state["cursor"] == 1 and state["version"] == 1 and not state["pending"]
+    again, _, trainer = make(tmp_path, 1, steps=2, start_step=1, version=1, pending=state["pending"])
+    asyncio.run(again.run())
+    assert gen_versions(again) == {1: 1}
+    assert len(trainer.batches) == 1
