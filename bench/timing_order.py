@@ -1,7 +1,7 @@
 """Whether the order of a step's timed windows, or the candidate's kill, moves the credited speedup:
 each task's own ``Model`` as the answer (a true speedup of 1), with ``timing_probe`` on, so every
 step also times the reference while the candidate still lives, the candidate a second time, and
-the reference again at once and after a settle (sandbox/run_step.py ``RunStep._probe``).
+the reference again at once and after a settle (sandbox/run_timing.py ``Timing._probe``).
 
 Per task, medians over its evaluations of: the credited speedup (reference timed after the kill /
 candidate), and each extra window against the one it is paired with. The reference is timed in

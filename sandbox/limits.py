@@ -33,7 +33,7 @@ def run_limit(cfg: SandboxConfig, ref_ms: float | None) -> float:
     if not ref_ms:
         return float(cfg.run_timeout_s)
     calls = 2 * cfg.correctness_trials + cfg.warmup_runs + cfg.timing_runs * (1 + 2 * cfg.checked_share) + 2
-    if cfg.timing_probe:  # four more timed windows (run_step.RunStep._probe)
+    if cfg.timing_probe:  # four more timed windows (run_timing.Timing._probe)
         calls += 4 * (cfg.warmup_runs + cfg.timing_runs)
     return float(cfg.run_timeout_s) + 10.0 * calls * ref_ms / 1000.0
 

@@ -13,17 +13,14 @@ from sandbox.gate import Gate
 from sandbox.input_sets import InputSets
 from sandbox.judge import Lost, Runner
 from sandbox.limits import call_limit
+from sandbox.run_timing import TIMING_CUT, Timing
 from sandbox.wire import MARKER, RUNNER_FLAGS, Forged, StepRequest, reported_failure
 
 _perf_counter = time.perf_counter  # captured before any answer exists anywhere near this process
 _MAX_POISON = 8 << 30   # NaN-filled memory freed before a candidate call: outputs are usually <= 2x inputs
-_WARM_S = 0.05          # seconds of the judge's own GPU work before each timing loop
-_PROBE_SETTLE_S = 0.5   # timing_probe: how long the reference waits before its settled window
-_MIN_SLOW_RUNS = 3      # timed calls of an answer cut by timing_budget_s
-TIMING_CUT = "timing_cut"  # the flag of a result whose answer made fewer timed calls (timing_budget_s)
 
 
-class RunStep(InputSets):
+class RunStep(Timing, InputSets):
     """Correctness and timing of one answer (docs/sandbox.md, "One run step")."""
 
     def __init__(self, req: StepRequest, gate: Gate | None):
@@ -151,36 +148,7 @@ class RunStep(InputSets):
             self._probe(wall, before_kill=True)
         wall["round_trip_ms"] = self._round_trip_ms()
         ref_ms = req.ref_runtime_ms or (self.gate.ref_ms if self.gate is not None else None)
-        # A known reference time never credits a win: an answer that looks faster than it is paired
-        # with the reference timed here, right after it, under the same load. A reference timed
-        # once while the machine was busy is slow, and every answer scored against it looks fast.
-        # Nor does the paired time alone: load only ever slows a call, and a window right after a
-        # quiet one can be the busy one (a laptop run credited a SiLU 2.87x and 5.75x against a
-        # reference paired at 3.7x its known time, while generation shared the two cores), so the
-        # win is the fastest of the reference times over the answer's (with reference_per_step there
-        # is no known time: a second window after the first stands in for it).
-        known = ref_ms
-        if ref_ms is None or new_ms <= 0 or ref_ms / new_ms > 1.0:
-            self.cand.kill()  # nothing of the answer runs while the reference is timed
-            sweep.kill_marked(os.environ.get(MARKER), keep=[self.ref.pid], everything=os.getpid() == 1)
-            if ref_ms is not None:
-                wall["ref_known_ms"] = round(ref_ms, 6)
-            t = _perf_counter()
-            ref_ms, self.result["ref_runtime_spread"] = self._time(self.ref, check=False)
-            self.measured_ref_ms = ref_ms
-            wall["ref_timing"] = round(_perf_counter() - t, 3)
-            if new_ms > 0 and ref_ms / new_ms > 1.0:
-                # a win must survive a second window of the reference (the answer is gone: nothing
-                # of it can slow this one); the faster window counts
-                again = self._time(self.ref, check=False)[0]
-                wall["ref_again_ms"] = round(again, 6)
-                ref_ms = min(ref_ms, again)
-                self.measured_ref_ms = ref_ms
-            if known is not None and known < ref_ms:
-                wall["ref_paired_ms"] = round(ref_ms, 6)
-                ref_ms = known
-            if req.timing_probe:
-                self._probe(wall, before_kill=False)
+        ref_ms = self._credited_reference(new_ms, ref_ms, wall)
         if req.device.startswith("cuda"):  # the judge's share of the task's footprint (admission)
             import torch
 
@@ -226,19 +194,6 @@ class RunStep(InputSets):
         except Exception:  # noqa: BLE001 - no estimate: the step is admitted alone
             return None
         return footprint.admission_fields(fp, self.req.timing_input_sets)
-
-    def _round_trip_ms(self, n: int = 7) -> float:
-        """Median milliseconds of a bare call to the reference runner (no forward, no outputs): the
-        part of every timed call that is the protocol's, in both times alike (reported, not
-        subtracted: a kernel faster than this has its speedup pulled toward 1)."""
-        import statistics
-
-        times = []
-        for _ in range(n):
-            t0 = _perf_counter()
-            self.ref.ask("ping", self.deadline)
-            times.append((_perf_counter() - t0) * 1000.0)
-        return round(statistics.median(times), 4)
 
     def _loaded(self, r: Runner, kind: str | None) -> None:
         msg, _ = r.reply("load", self.deadline)
@@ -442,76 +397,3 @@ class RunStep(InputSets):
             worst_abs, worst_rel = max(worst_abs, a), max(worst_rel, r)
             self.result["trials_passed"] = i + 1
         self.result.update(correct=True, max_abs_err=worst_abs, max_rel_err=worst_rel)
-
-    def _probe(self, wall: dict[str, Any], before_kill: bool) -> None:
-        """``timing_probe`` (benches only): more timed windows, to tell the order of the windows from
-        the candidate's kill. Before the kill: the reference while the candidate still lives (so an
-        answer's leftovers could slow it: never used for a speedup), then the candidate again.
-        After the reference's own window: the reference again at once, and once more after a
-        settle of ``_PROBE_SETTLE_S``."""
-        if before_kill:
-            wall["probe_ref_alive_ms"] = round(self._time(self.ref, check=False)[0], 6)
-            wall["probe_cand_again_ms"] = round(self._time(self.cand, check=False)[0], 6)
-            return
-        wall["probe_ref_again_ms"] = round(self._time(self.ref, check=False)[0], 6)
-        time.sleep(_PROBE_SETTLE_S)
-        wall["probe_ref_settled_ms"] = round(self._time(self.ref, check=False)[0], 6)
-
-    def _time(self, r: Runner, check: bool) -> tuple[float, float]:
-        """Median milliseconds of ``runs`` calls timed here (after ``warmup`` calls), each on values
-        never seen before, the cache flushed; with ``check``, some calls chosen at random are checked.
-        Returns (median, relative spread: interquartile range over the median)."""
-        import statistics
-
-        import torch
-
-        from sandbox import protocol
-
-        req = self.req
-        warmup, runs, n = int(req.warmup_runs), int(req.timing_runs), len(self.sets)
-        budget = float(req.timing_budget_s) if r is self.cand else 0.0
-        checked = set()
-        if check:
-            for k in range(n):  # at least one per input set, then about checked_share of the rest
-                own = [i for i in range(runs) if i % n == k]
-                if own:
-                    checked.add(self.rng.choice(own))
-            checked |= {i for i in range(runs) if self.rng.random() < float(req.checked_share)}
-        flush = torch.empty(max(int(req.flush_bytes), 1), dtype=torch.uint8, device=req.device) \
-            if int(req.flush_bytes) > 0 else None
-        if flush is not None and req.device.startswith("cuda"):
-            # an idle GPU's clocks ramp up over tens of ms: the first step of a pool timed its
-            # candidate 1.8-2.6x slow against the reference timed after it (H200, 2026-12-04)
-            t_warm = _perf_counter()
-            while _perf_counter() - t_warm < _WARM_S:
-                flush.zero_()
-                protocol.synchronize(req.device)
-        times = []
-        j = 0
-        while j < warmup + runs:
-            i = j - warmup
-            k = j % n
-            self._fill(self.sets[k], next(self.seeds))
-            if flush is not None:
-                flush.zero_()
-            protocol.synchronize(req.device)
-            descs, seconds, fds = self._call(r, k, 0, "timing")
-            if i >= 0:
-                times.append(seconds * 1000.0)
-            if i in checked:
-                self._checked(k, "timing", (descs, fds))
-            else:
-                share.release(descs, fds, req.device)
-            if j == 0 and budget > 0 and seconds * (warmup + runs) > budget:
-                # an answer this slow holds the device alone (every other step's timing waits) for
-                # warmup + runs of its calls, to measure a speedup far below 1 to a precision no
-                # reward needs: it makes the calls that fit the budget, at least _MIN_SLOW_RUNS timed,
-                # each of them checked (fewer calls must not mean fewer chances to catch a wrong one)
-                warmup = min(warmup, 1)  # the call just made was it (with no warm-up, it was timed)
-                runs = max(_MIN_SLOW_RUNS, min(runs, int(budget / max(seconds, 1e-9)) - 1))
-                checked = set(range(runs)) if check else set()
-                self.result["flags"] = sorted({*self.result["flags"], TIMING_CUT})
-            j += 1
-        median = float(statistics.median(times))
-        q = statistics.quantiles(times, n=4) if len(times) >= 2 else [median, median, median]
-        return median, (q[2] - q[0]) / median if median > 0 else 0.0

@@ -142,7 +142,7 @@ async def test_a_slow_answer_is_timed_in_the_calls_its_budget_holds(sandbox_cfg)
     would hold the device (here the host's timing slot) longer than the budget makes one warmup
     and as many timed calls as fit, at least 3; it stays correct, is flagged timing_cut, and its
     speedup is still measured against the reference. A fast answer is not cut."""
-    from sandbox.run_step import TIMING_CUT
+    from sandbox.run_timing import TIMING_CUT
 
     cfg = dataclasses.replace(sandbox_cfg, correctness_trials=1, warmup_runs=3, timing_runs=20, timing_budget_s=1.0)
     async with SandboxPool(cfg) as pool:
