@@ -261,17 +261,20 @@ class Loop:
         build that runs to the sandbox's compile timeout, past a preemption's grace period, and then
         the step just trained is lost with its checkpoint (2026-12-07, H100: a SIGTERM's step waited
         >120 s on three builds)."""
+        assert self._stop_event is not None  # made by _run
         acquire = asyncio.ensure_future(self._sampler_lock.acquire())
         stop = asyncio.ensure_future(self._stop_event.wait())
         try:
             await asyncio.wait({acquire, stop}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # the step abandoned (a second stop request): nothing left holding the lock
+            if acquire.done() and not acquire.cancelled():
+                self._sampler_lock.release()
+            raise
         finally:
             stop.cancel()
             if not acquire.done():
                 acquire.cancel()
-        if acquire.done() and not acquire.cancelled():
-            return True
-        return False
+        return acquire.done() and not acquire.cancelled()
 
     async def _run(self) -> list[dict[str, float]]:
         cfg = self.cfg
