@@ -26,7 +26,7 @@ from typing import Any
 from pipeline import checkpoint
 from pipeline.algorithms import mean_score, skip_reason
 from pipeline.heartbeat import Activity, progress_bar
-from pipeline.metrics import env_metrics, score_latency_metrics, score_metrics
+from pipeline.metrics import step_metrics
 from pipeline.parts import GeneratedBatch, LoopParts, WeightsGone
 from pipeline.recovery import TrainerRecovery
 from pipeline.sample import Sample
@@ -78,6 +78,7 @@ class Loop:
         self._task: asyncio.Task | None = None  # the step loop's task: a second stop request cancels it
         self._stop_event: asyncio.Event | None = None  # set by a stop request; made in the running loop
         self._aloop: asyncio.AbstractEventLoop | None = None
+        self._notifying: asyncio.Future | None = None
         self.recovery = TrainerRecovery(  # where a lost trainer restarts from, what it trains again
             cfg.max_trainer_restarts, start_step, version, resumed_from, self.events)
         self.best_batch: tuple[int, float] | None = None  # (step, mean score) of the best batch so far
@@ -99,8 +100,8 @@ class Loop:
                 self._task.cancel()
             return
         self.stop_requested, self._stop_at = True, now
-        if self._stop_event is not None and self._aloop is not None:  # a signal handler's or a thread's
-            self._aloop.call_soon_threadsafe(self._stop_event.set)
+        if self._aloop is not None:  # from a signal handler in the loop, or from a thread
+            self._aloop.call_soon_threadsafe(self._wake_on_stop)
         print("[pipeline] stop requested (Ctrl-C again abandons the step): finishing this step, "
               "then a checkpoint", file=sys.stderr, flush=True)
 
@@ -212,12 +213,28 @@ class Loop:
                 self._cond.notify_all()
             raise
 
-    async def _take(self, step: int) -> GeneratedBatch:
+    async def _take(self, step: int) -> GeneratedBatch | None:
+        """Batch ``step`` once generated; None if a stop request comes first (a batch already
+        generated is still trained)."""
         async with self._cond:
-            await self._cond.wait_for(lambda: step in self._ready or self._gen_error is not None)
-            if step not in self._ready:
+            await self._cond.wait_for(lambda: step in self._ready or self._gen_error is not None
+                                      or self.stop_requested)
+            if step in self._ready:
+                return self._ready.pop(step)
+            if self._gen_error is not None:
                 raise RuntimeError(f"generation of batch {step} failed") from self._gen_error
-            return self._ready.pop(step)
+            return None
+
+    def _wake_on_stop(self) -> None:
+        """In the loop: whatever waits on a batch or on the samplers' lock sees the stop request."""
+        assert self._stop_event is not None
+        self._stop_event.set()
+
+        async def notify() -> None:
+            async with self._cond:
+                self._cond.notify_all()
+
+        self._notifying = asyncio.ensure_future(notify())  # held: the loop keeps only weak references
 
     async def _within_bound(self, gen: GeneratedBatch) -> dict[str, float]:
         """Trajectories over the bound are dropped, or (wait) their tasks generated again with the
@@ -315,14 +332,20 @@ class Loop:
         while step < cfg.steps:
             try:
                 saved = await self._step(step, steps_bar)
+                if saved is None:  # stopped while batch `step` was being generated
+                    step -= 1
+                    saved = self._checkpoint_before(step + 1)
             except Exception as e:  # noqa: BLE001 - only a lost trainer is handled; the rest re-raised
                 step = await self.recovery.recover(self.parts.trainer, step, e,
                                                    lambda: self.stop_requested, self._resume_at)
                 continue
             if self.stop_requested and step + 1 < cfg.steps:
-                print(f"[pipeline] stopped after step {step}" + (
-                    f"; checkpoint written: the same command continues at step {step + 1} (resume=auto, "
-                    f"hydra.run.dir={self.parts.run_dir})" if saved else ""), file=sys.stderr, flush=True)
+                trained = step >= self.start_step
+                print((f"[pipeline] stopped after step {step}" if trained else
+                       f"[pipeline] stopped before step {step + 1}, nothing trained in this run") + (
+                    f"; {'checkpoint written' if trained else 'its checkpoint stays'}: the same command "
+                    f"continues at step {step + 1} (resume=auto, hydra.run.dir={self.parts.run_dir})"
+                    if saved else ""), file=sys.stderr, flush=True)
                 break
             step += 1
         steps_bar.close()
@@ -338,10 +361,13 @@ class Loop:
         self.parts.logger.rewind(cursor)
         await self._push_new(cursor - 1)
 
-    async def _step(self, step: int, steps_bar: Any) -> bool:
-        """Train batch ``step``, push, log, checkpoint when due; whether a checkpoint was written."""
+    async def _step(self, step: int, steps_bar: Any) -> bool | None:
+        """Train batch ``step``, push, log, checkpoint when due; whether a checkpoint was written,
+        None if a stop request came while that batch was being generated (nothing trained)."""
         t_step = time.time()
         cur = await self._take(step)
+        if cur is None:
+            return None
         self.recovery.trained(step, cur)
         prologue = 0.0
         if step == self.start_step and self.k > 0:  # the first batch has nothing to overlap
@@ -355,7 +381,8 @@ class Loop:
         # the batch generated during this step (sync: this one; one_off: the next)
         fresh = [g for g in self._done if g.t_end >= t_step]
         self._done = self._done[-(self.k + 2):]  # only timings are read; samples go with training
-        metrics.update(self._step_metrics(cur, fresh[-1] if fresh else None, t_train, t_push, t_total))
+        metrics.update(step_metrics(cur, fresh[-1] if fresh else None, t_train, t_push, t_total,
+                                     self.parts.rollout_metrics))
         if prologue:
             metrics["timing_s/prologue_gen"] = prologue
         metrics["pipeline/weights_version"] = float(self.version)
@@ -370,29 +397,6 @@ class Loop:
         return saved
 
     # ---- bookkeeping -----------------------------------------------------------------
-    def _step_metrics(self, trained: GeneratedBatch, gen: GeneratedBatch | None, t_train: float,
-                      t_push: float, t_total: float) -> dict[str, float]:
-        m: dict[str, float] = dict(trained.rollout)
-        m.update(self.parts.rollout_metrics(trained.samples))
-        m.update(score_metrics(trained.samples))
-        m.update(env_metrics(trained.samples, trained.wall))
-        t_gen = gen.wall if gen is not None else 0.0
-        m["timing_s/gen"] = (gen.last_token - gen.t_start) if gen is not None else 0.0
-        m["timing_s/reward"] = gen.reward_tail if gen is not None else 0.0
-        m.update(score_latency_metrics(gen.samples) if gen is not None else {})  # the same batch's
-        m["timing_s/gen_total"] = t_gen
-        m["timing_s/train"] = t_train
-        m["timing_s/update_weights"] = t_push
-        m["timing_s/step"] = t_total
-        ideal = max(t_gen, t_train) + t_push
-        m["pipeline/efficiency"] = ideal / t_total if t_total > 0 else 0.0
-        m["pipeline/trainer_idle"] = max(0.0, 1.0 - t_train / t_total) if t_total > 0 else 0.0
-        m["pipeline/sampler_idle"] = max(0.0, 1.0 - t_gen / t_total) if t_total > 0 else 0.0
-        tokens = sum(len(s.response_ids) for s in trained.samples)
-        m["perf/tokens_per_s"] = tokens / trained.wall if trained.wall > 0 else 0.0
-        m["perf/samples"] = float(len(trained.samples))
-        return m
-
     def _log(self, step: int, metrics: dict[str, float], samples: list[Sample]) -> None:
         self.activity.logged()
         self.history.append({"step": step, **metrics})
@@ -417,6 +421,15 @@ class Loop:
         path = self._drawer.drawn(wait)
         if path is not None:
             self.parts.logger.log_image(step, "timeline", path)
+
+    def _checkpoint_before(self, step: int) -> bool:
+        """A stop while batch ``step`` was being generated (a preemption's grace is often shorter
+        than a batch of new builds): the step before is checkpointed, unless it already is or
+        this run trained none; whether a checkpoint of it exists. The batch is generated again on
+        resume."""
+        if step <= self.start_step:
+            return self.start_step > 0  # a resumed run's own checkpoint
+        return self.recovery.restore_point[0] == step or self._maybe_checkpoint(step - 1, force=True)
 
     def _maybe_checkpoint(self, step: int, force: bool = False) -> bool:
         c = self.parts.checkpoint_cfg

@@ -14,10 +14,13 @@ import os
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.logger_config import LoggerConfig
 from pipeline.sample import Sample
+
+if TYPE_CHECKING:
+    from pipeline.parts import GeneratedBatch
 
 BACKENDS = ("console", "jsonl", "wandb")
 
@@ -90,6 +93,32 @@ def score_latency_metrics(samples: list[Sample]) -> dict[str, float]:
         return {}
     p95 = xs[max(0, math.ceil(0.95 * len(xs)) - 1)]
     return {"timing_s/score_p50": statistics.median(xs), "timing_s/score_p95": p95, "timing_s/score_max": xs[-1]}
+
+
+def step_metrics(trained: GeneratedBatch, gen: GeneratedBatch | None, t_train: float, t_push: float, t_total: float,
+                 rollout_metrics: Any) -> dict[str, float]:
+    """A step's line: the trained batch's rollout, score and env figures, the batch generated
+    during the step (``gen``; sync: the same one, one_off: the next) and the step's timings."""
+    m: dict[str, float] = dict(trained.rollout)
+    m.update(rollout_metrics(trained.samples))
+    m.update(score_metrics(trained.samples))
+    m.update(env_metrics(trained.samples, trained.wall))
+    t_gen = gen.wall if gen is not None else 0.0
+    m["timing_s/gen"] = (gen.last_token - gen.t_start) if gen is not None else 0.0
+    m["timing_s/reward"] = gen.reward_tail if gen is not None else 0.0
+    m.update(score_latency_metrics(gen.samples) if gen is not None else {})  # the same batch's
+    m["timing_s/gen_total"] = t_gen
+    m["timing_s/train"] = t_train
+    m["timing_s/update_weights"] = t_push
+    m["timing_s/step"] = t_total
+    ideal = max(t_gen, t_train) + t_push
+    m["pipeline/efficiency"] = ideal / t_total if t_total > 0 else 0.0
+    m["pipeline/trainer_idle"] = max(0.0, 1.0 - t_train / t_total) if t_total > 0 else 0.0
+    m["pipeline/sampler_idle"] = max(0.0, 1.0 - t_gen / t_total) if t_total > 0 else 0.0
+    tokens = sum(len(s.response_ids) for s in trained.samples)
+    m["perf/tokens_per_s"] = tokens / trained.wall if trained.wall > 0 else 0.0
+    m["perf/samples"] = float(len(trained.samples))
+    return m
 
 
 def episode_rows(samples: list[Sample], k: int, decode: Any = None,

@@ -372,3 +372,32 @@ def test_a_stop_does_not_wait_for_the_batch_in_flight(tmp_path):
     asyncio.run(again.run())
     assert gen_versions(again) == {1: 1}
     assert len(trainer.batches) == 1
+
+
+@pytest.mark.parametrize("every", [0, 1])
+def test_a_stop_while_a_batch_is_generated_checkpoints_the_step_before(tmp_path, capsys, every):
+    """sync: the stop comes while batch 1 is generated (the trainer waits for it). The run stops
+    without waiting for that batch; step 0 is checkpointed (once: with checkpoint.every=1 it
+    already is) and the resumed run generates batch 1 again."""
+    import threading
+
+    loop, _, trainer = make(tmp_path, 0, steps=4, turns=2, turn_s=0.3, every=every)
+    threading.Timer(8 * 0.3 + 0.6, loop.request_stop).start()  # batch 0 is 8 turns of 0.3 s
+    t0 = time.monotonic()
+    asyncio.run(loop.run())
+    assert time.monotonic() - t0 < 2 * 8 * 0.3
+    assert len(trainer.batches) == 1 and ("gen_done", 1, 1) not in loop.events
+    assert [e for e in loop.events if e[0] == "checkpoint"] == [("checkpoint", 0, 1)]
+    assert "stopped after step 0; checkpoint written: the same command continues at step 1" in capsys.readouterr().err
+    state = pickle.loads((tmp_path / "ckpt" / "step_000000" / "loop.pt").read_bytes())
+    assert state["cursor"] == 1 and not state["pending"]
+
+
+def test_a_stop_before_the_first_batch_is_generated_trains_and_writes_nothing(tmp_path, capsys):
+    import threading
+
+    loop, _, trainer = make(tmp_path, 1, steps=4, turns=2, turn_s=0.3)
+    threading.Timer(0.5, loop.request_stop).start()
+    asyncio.run(loop.run())
+    assert trainer.batches == [] and not [e for e in loop.events if e[0] == "checkpoint"]
+    assert "stopped before step 0, nothing trained in this run" in capsys.readouterr().err
