@@ -44,20 +44,28 @@ tail -n 2 "$work/corpus.log"
 start=$model
 # While the SFT trains (the GPU's work), the sandbox builds its precompiled headers for the corpus's
 # compile flags into the RL run's build cache (a cold header build is ~56 s, and the RL run's first
-# batch would wait on it): one corpus answer evaluated with pch_min_builds=1, in the background.
+# batch would wait on it): one corpus answer evaluated with pch_min_builds=1, then the pool waits
+# for the header builds it asked for (closing it at once would cancel them), in the background.
 warm=
-if [ ! -d "$work/build_cache/pch" ] || [ -z "$(ls -A "$work/build_cache/pch" 2>/dev/null)" ]; then
-  python3 - "$work/corpus" "$work/warm" <<'PY'
-import json, pathlib, re, sys
-corpus, dest = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-dest.mkdir(parents=True, exist_ok=True)
+if [ -z "$(ls -A "$work/build_cache/pch" 2>/dev/null)" ]; then
+  ( t0=$SECONDS; timeout 300 python3 - "$work/corpus" "$work/build_cache" >"$out/warm_headers.log" 2>&1 <<'PY'
+import asyncio, json, pathlib, re, sys, time
+from sandbox.config import load_default_config
+from sandbox.pool import SandboxPool
+corpus, cache = pathlib.Path(sys.argv[1]), sys.argv[2]
 row = json.loads((corpus / "sft.jsonl").read_text().splitlines()[0])
 level, name = row["task"].split("/", 1)
-(dest / "task.py").write_text((corpus / f"level{level[1:]}" / f"{name}.py").read_text())
-(dest / "answer.py").write_text(re.search(r"```python\n(.*?)```", row["response"], re.S).group(1))
+task = (corpus / f"level{level[1:]}" / f"{name}.py").read_text()
+answer = re.search(r"```python\n(.*?)```", row["response"], re.S).group(1)
+async def warm() -> None:
+    async with SandboxPool(load_default_config(backend="cuda", cache_dir=cache, pch_min_builds=1)) as pool:
+        r = await pool.evaluate(task, answer, "cuda")
+        print(f"{row['task']}: correct={r.correct} error_kind={r.error_kind}", flush=True)
+        t = time.monotonic()
+        await pool.headers_ready()
+        print(f"headers ready {time.monotonic() - t:.0f} s after the answer", flush=True)
+asyncio.run(warm())
 PY
-  ( t0=$SECONDS; timeout 300 python3 -m sandbox.eval --task "$work/warm/task.py" --answer "$work/warm/answer.py" \
-      --backend cuda --cache-dir "$work/build_cache" --set pch_min_builds=1 >"$out/warm_headers.log" 2>&1
     echo "header warm-up rc=$? in $((SECONDS - t0)) s: $(ls "$work/build_cache/pch" 2>/dev/null | wc -l) header sets" >>"$out/warm_headers.log" ) &
   warm=$!
 fi
@@ -73,7 +81,7 @@ if [ "${SFT:-1}" = 1 ]; then
   fi
   [ -f "$work/sft/model/config.json" ] && start=$work/sft/model
 fi
-[ -n "$warm" ] && { wait "$warm"; tail -n 1 "$out/warm_headers.log"; grep -E "^verdict|^error" "$out/warm_headers.log" | head -n 2; }
+[ -n "$warm" ] && { wait "$warm"; tail -n 3 "$out/warm_headers.log"; }
 [ "${RL:-1}" = 0 ] && { echo "RL=0: stopping after the warm start ($start)"; exit 0; }
 echo "RL from $start, $(left) s left"
 run=$work/rl
