@@ -148,6 +148,16 @@ async def test_a_win_is_credited_against_the_faster_of_the_known_and_the_paired_
     assert win.speedup == win.ref_runtime_ms / win.new_runtime_ms
 
 
+def _reference_slow_when(condition: str, tag: str) -> str:
+    """The add task with a reference that sleeps 10 ms in the calls whose 1-based count
+    (``_CALLS``) meets ``condition``, as if a burst of other work fell on them; ``tag`` keeps each
+    test's task distinct in the shared cache."""
+    body = ADD.replace("return a + b", "global _CALLS\n        _CALLS += 1\n"
+                       f"        if {condition}:\n            time.sleep(0.01)\n"
+                       "        return a + b").replace("import torch", "import time\nimport torch", 1)
+    return body.replace("class Model", "_CALLS = 0\n\n\nclass Model", 1) + f"\n# {tag}\n"
+
+
 async def test_with_reference_per_step_a_win_must_survive_a_second_reference_window(sandbox_cfg):
     """With ``reference_per_step`` (a GPU shared with generation and training) no known time exists:
     a win is checked against a second window of the reference, timed after the first with the
@@ -157,10 +167,7 @@ async def test_with_reference_per_step_a_win_must_survive_a_second_reference_win
     # the reference's calls: one sizes the call limit, 3 check correctness, 1 warm-up + 5 timed
     # before the answer's window (calls 5-10), then its first window after the answer's (11-16),
     # then the second
-    slow_first_window = ADD.replace("return a + b", "global _CALLS\n        _CALLS += 1\n"
-                                    "        if 11 <= _CALLS <= 16:\n            time.sleep(0.01)\n"
-                                    "        return a + b").replace("import torch", "import time\nimport torch", 1)
-    task = slow_first_window.replace("class Model", "_CALLS = 0\n\n\nclass Model", 1) + "\n# a burst on the first window\n"
+    task = _reference_slow_when("11 <= _CALLS <= 16", "a burst on the first window")
     cfg = dataclasses.replace(sandbox_cfg, reference_per_step=True)
     async with SandboxPool(cfg) as pool:
         res = await pool.evaluate(task, _SAME + "\n# per step\n", "cpu")
@@ -180,10 +187,7 @@ async def test_with_no_known_time_a_win_is_also_bounded_by_a_reference_window_be
     answer's are slow, the one before is not."""
     # the reference's calls: one sizes the call limit, 3 check correctness, 1 warm-up + 5 timed
     # before the answer's window (calls 5-10), then the windows after it
-    slow_after = ADD.replace("return a + b", "global _CALLS\n        _CALLS += 1\n"
-                             "        if _CALLS >= 11:\n            time.sleep(0.01)\n"
-                             "        return a + b").replace("import torch", "import time\nimport torch", 1)
-    task = slow_after.replace("class Model", "_CALLS = 0\n\n\nclass Model", 1) + "\n# a burst after the answer\n"
+    task = _reference_slow_when("_CALLS >= 11", "a burst after the answer")
     cfg = dataclasses.replace(sandbox_cfg, reference_per_step=True)
     async with SandboxPool(cfg) as pool:
         res = await pool.evaluate(task, _SAME + "\n# before\n", "cpu")
